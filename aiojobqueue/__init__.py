@@ -1,0 +1,46 @@
+"""aiojobqueue: an asyncio-native, crash-safe DAG job scheduler on your relational database."""
+
+from .batch import Batch, JobRef
+from .errors import (
+    AioJobQueueError,
+    ConfigurationError,
+    ContainerClosedError,
+    DependencyCycleError,
+    InvalidJobError,
+    InvalidStateError,
+    JobCancelled,
+    JobFailed,
+    JobNotFoundError,
+    NotJSONError,
+    UnsupportedDatabaseError,
+)
+from .executor import JobContext, LeaseLostError
+from .limits import Limit, RateLimit
+from .models import Job, JobState
+from .queue import JobQueue
+from .schema import metadata
+
+__all__ = [
+    "AioJobQueueError",
+    "Batch",
+    "ConfigurationError",
+    "ContainerClosedError",
+    "DependencyCycleError",
+    "InvalidJobError",
+    "InvalidStateError",
+    "Job",
+    "JobCancelled",
+    "JobContext",
+    "JobFailed",
+    "JobNotFoundError",
+    "JobQueue",
+    "JobRef",
+    "JobState",
+    "LeaseLostError",
+    "Limit",
+    "NotJSONError",
+    "RateLimit",
+    "UnsupportedDatabaseError",
+    "metadata",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,568 @@
+"""DAG building and the one-transaction bulk insert."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict, deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import insert, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+from . import schema as S
+from .errors import (
+    ContainerClosedError,
+    DependencyCycleError,
+    InvalidJobError,
+    JobNotFoundError,
+    NotJSONError,
+)
+from .timeutil import db_now
+
+if TYPE_CHECKING:
+    from .queue import JobQueue
+
+CHUNK = 1000
+
+
+class UnknownJobError(InvalidJobError, JobNotFoundError):
+    """``depends_on`` or ``parent`` names a job id that does not exist."""
+
+
+def check_json(value: Any, what: str) -> str:
+    """Serialize strictly (no NaN, only JSON types) or raise NotJSONError."""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise NotJSONError(f"{what} is not JSON-serializable: {exc}") from None
+
+
+@dataclass(eq=False)
+class JobRef:
+    """A job added to a batch; ``.id`` is known once the batch has been inserted."""
+
+    _batch: Batch
+    _index: int
+    type: str
+    is_container: bool
+    _id: int | None = None
+
+    @property
+    def id(self) -> int:
+        if self._id is None:
+            raise InvalidJobError("this job has no id yet: the batch has not been inserted")
+        return self._id
+
+    def __repr__(self) -> str:
+        return f"JobRef({self.type!r}, id={self._id})"
+
+
+Ref = JobRef | int
+
+
+@dataclass
+class _Spec:
+    ref: JobRef
+    type: str
+    args: dict[str, Any]
+    group: str
+    weight: int
+    priority: int
+    timeout: float | None
+    max_attempts: int
+    key: str | None
+    run_after: timedelta | datetime | None
+    depends_on: list[Ref]
+    parent: Ref | None
+    is_container: bool
+    # filled during insert
+    state: str = ""
+    pending: int = 0
+    cancelled_by: int | None = None
+    children: list[_Spec] = field(default_factory=list)
+
+
+class Batch:
+    """Collects jobs and containers, then inserts them as one DAG in one transaction.
+
+    Use ``async with queue.batch() as b:``; the insert happens when the block exits
+    without an exception. With ``connection=`` the insert joins the caller's transaction and
+    the jobs exist if and only if the caller commits.
+    """
+
+    def __init__(self, queue: JobQueue, connection: AsyncConnection | AsyncSession | None = None):
+        self._q = queue
+        self._conn = connection
+        self._specs: list[_Spec] = []
+        self._done = False
+
+    # -- building ---------------------------------------------------------------------------
+    def add(
+        self,
+        type: str,
+        args: dict[str, Any] | None = None,
+        *,
+        group: str | None = None,
+        weight: int = 1,
+        depends_on: Iterable[Ref] = (),
+        run_after: timedelta | datetime | float | None = None,
+        priority: int = 0,
+        timeout: float | None = None,
+        max_attempts: int | None = None,
+        key: str | None = None,
+        parent: Ref | None = None,
+    ) -> JobRef:
+        """Add a job; returns a ref usable in ``depends_on``/``parent`` of later adds."""
+        return self._add(
+            type, {} if args is None else args, False, group, weight, depends_on, run_after,
+            priority, timeout, max_attempts, key, parent,
+        )
+
+    def container(
+        self,
+        type: str,
+        *,
+        group: str | None = None,
+        weight: int = 1,
+        depends_on: Iterable[Ref] = (),
+        priority: int = 0,
+        key: str | None = None,
+        parent: Ref | None = None,
+    ) -> JobRef:
+        """Add a container: it never runs; it is done when all its children are done."""
+        return self._add(
+            type, {}, True, group, weight, depends_on, None, priority, None, 1, key, parent
+        )
+
+    def _add(
+        self,
+        type: str,
+        args: Any,
+        is_container: bool,
+        group: str | None,
+        weight: int,
+        depends_on: Iterable[Ref],
+        run_after: timedelta | datetime | float | None,
+        priority: int,
+        timeout: float | None,
+        max_attempts: int | None,
+        key: str | None,
+        parent: Ref | None,
+    ) -> JobRef:
+        if self._done:
+            raise InvalidJobError("this batch has already been inserted")
+        if not isinstance(type, str) or not type or len(type) > 200:
+            raise InvalidJobError(f"job type must be a non-empty string of <= 200 chars: {type!r}")
+        if not isinstance(args, dict):
+            raise InvalidJobError(f"args must be a dict, got {args.__class__.__name__}")
+        check_json(args, f"args of {type!r}")
+        group = self._q.default_group if group is None else group
+        if not isinstance(group, str) or not group or len(group) > 200:
+            raise InvalidJobError(f"group must be a non-empty string of <= 200 chars: {group!r}")
+        if not _is_int(weight) or weight < 1:
+            raise InvalidJobError(f"weight must be an int >= 1: {weight!r}")
+        if not _is_int(priority):
+            raise InvalidJobError(f"priority must be an int: {priority!r}")
+        handler = self._q._handlers.get(type)
+        if timeout is None and handler is not None:
+            timeout = handler.timeout
+        if timeout is not None and (
+            not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0
+        ):
+            raise InvalidJobError(f"timeout must be a positive number of seconds: {timeout!r}")
+        if max_attempts is None:
+            max_attempts = (handler.max_attempts if handler is not None else None) or (
+                self._q.max_attempts
+            )
+        if not _is_int(max_attempts) or max_attempts < 1:
+            raise InvalidJobError(f"max_attempts must be an int >= 1: {max_attempts!r}")
+        if key is not None and (not isinstance(key, str) or not key or len(key) > 255):
+            raise InvalidJobError(f"key must be a non-empty string of <= 255 chars: {key!r}")
+        if isinstance(run_after, (int, float)) and not isinstance(run_after, bool):
+            run_after = timedelta(seconds=run_after)
+        if run_after is not None and not isinstance(run_after, (timedelta, datetime)):
+            raise InvalidJobError(f"run_after must be a timedelta, datetime or seconds: {run_after!r}")
+        deps = list(depends_on)
+        for d in [*deps, *([parent] if parent is not None else [])]:
+            self._check_ref(d)
+        if parent is not None and isinstance(parent, JobRef) and not parent.is_container:
+            raise InvalidJobError(f"parent {parent!r} is not a container")
+        ref = JobRef(self, len(self._specs), type, is_container)
+        self._specs.append(
+            _Spec(
+                ref, type, args, group, int(weight), int(priority),
+                None if timeout is None else float(timeout), int(max_attempts), key,
+                run_after, deps, parent, is_container,
+            )
+        )
+        return ref
+
+    def _check_ref(self, r: Any) -> None:
+        if isinstance(r, JobRef):
+            if r._batch is not self:
+                if r._id is None:
+                    raise InvalidJobError(f"{r!r} belongs to another batch that was not inserted")
+                return
+            return
+        if not _is_int(r) or r < 1:
+            raise InvalidJobError(f"not a job id or batch ref: {r!r}")
+
+    # -- context manager --------------------------------------------------------------------
+    async def __aenter__(self) -> Batch:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if et is None:
+            await self.commit()
+
+    async def commit(self) -> list[int]:
+        """Insert everything added so far (called by ``async with`` on exit)."""
+        if self._done:
+            raise InvalidJobError("this batch has already been inserted")
+        self._done = True
+        if not self._specs:
+            return []
+        return await self._q._insert_batch(self._specs, self._conn)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+async def insert_specs(
+    q: JobQueue, conn: AsyncConnection, specs: Sequence[_Spec]
+) -> tuple[list[int], bool]:
+    """Insert ``specs`` on ``conn`` (inside a transaction). Returns (ids, any_ready)."""
+    J, D = q._t.jobs, q._t.deps
+    own = {id(s.ref) for s in specs}
+
+    def is_new(r: Ref) -> bool:
+        return isinstance(r, JobRef) and id(r) in own
+
+    def ext_id(r: Ref) -> int:
+        return r.id if isinstance(r, JobRef) else int(r)
+
+    # 1. uniqueness keys: a live job with the same key stands in for the new one.
+    dedup: dict[int, int] = {}  # index -> existing id
+    keyed = [s for s in specs if s.key is not None]
+    if keyed:
+        keys = sorted({s.key for s in keyed if s.key is not None})
+        found: dict[str, int] = {}
+        for i in range(0, len(keys), CHUNK):
+            rows = await conn.execute(
+                select(J.c.live_key, J.c.id).where(J.c.live_key.in_(keys[i : i + CHUNK]))
+            )
+            found.update({r.live_key: r.id for r in rows})
+        seen: set[str] = set()
+        for s in keyed:
+            assert s.key is not None
+            if s.key in found:
+                dedup[s.ref._index] = found[s.key]
+                s.ref._id = found[s.key]
+            elif s.key in seen:
+                raise InvalidJobError(f"key {s.key!r} appears twice in one batch")
+            else:
+                seen.add(s.key)
+    fresh = [s for s in specs if s.ref._index not in dedup]
+    if not fresh:
+        return [s.ref.id for s in specs], False
+
+    def node(r: Ref) -> tuple[str, int]:
+        """Graph node: ("n", index) for a fresh job, ("e", id) for an existing one."""
+        if is_new(r):
+            assert isinstance(r, JobRef)
+            if r._index in dedup:
+                return ("e", dedup[r._index])
+            return ("n", r._index)
+        return ("e", ext_id(r))
+
+    for s in fresh:  # the same upstream listed twice is one edge
+        s.depends_on = list({node(d): d for d in s.depends_on}.values())
+
+    # 2. existing jobs that are referenced: lock them (a finalize updates them too, and must
+    #    either see our edges or finish before we read its state) and read them.
+    ext_ids = sorted(
+        {k for s in fresh for r in [*s.depends_on, *([s.parent] if s.parent else [])]
+         for kind, k in [node(r)] if kind == "e"}
+    )
+    existing: dict[int, Any] = {}
+    for i in range(0, len(ext_ids), CHUNK):
+        stmt = q._ops.for_update(
+            select(J.c.id, J.c.kind, J.c.state)
+            .where(J.c.id.in_(ext_ids[i : i + CHUNK]))
+            .order_by(J.c.id)
+        )
+        existing.update({row.id: row for row in (await conn.execute(stmt)).all()})
+    missing = [i for i in ext_ids if i not in existing]
+    if missing:
+        raise UnknownJobError(f"unknown job id(s) in depends_on/parent: {missing[:10]}")
+    for s in fresh:
+        if s.parent is not None and node(s.parent)[0] == "e":
+            p = existing[node(s.parent)[1]]
+            if p.kind != S.CONTAINER:
+                raise InvalidJobError(f"parent {p.id} is a job, not a container")
+            if p.state in S.TERMINAL:
+                raise ContainerClosedError(
+                    f"container {p.id} has already finished ({p.state}); it takes no new children"
+                )
+
+    await _check_cycles(q, conn, fresh, node)
+
+    # 3. states and pending counters, parents and upstreams first.
+    now: datetime = (await conn.execute(select(db_now()))).scalar_one()
+    by_index = {s.ref._index: s for s in fresh}
+    order = _parent_first(fresh, node)
+    state: dict[tuple[str, int], str] = {("e", i): r.state for i, r in existing.items()}
+    cause: dict[tuple[str, int], int] = {("e", i): i for i, r in existing.items()
+                                         if r.state in (S.FAILED, S.CANCELLED)}
+    for s in order:
+        n = node(s.ref)
+        pending = 0
+        for d in s.depends_on:
+            dn = node(d)
+            if state[dn] == S.DONE:
+                continue
+            pending += 1
+            if dn in cause:
+                cause.setdefault(n, cause[dn])
+        if s.parent is not None:
+            pn = node(s.parent)
+            if pn in cause:
+                cause.setdefault(n, cause[pn])
+            if state[pn] != S.ACTIVE:
+                pending += 1
+        s.pending = pending
+        if n in cause:
+            s.state, s.cancelled_by = S.CANCELLED, cause[n]
+        elif pending:
+            s.state = S.WAITING
+        elif s.is_container:
+            s.state = S.ACTIVE
+        else:
+            s.state = S.SCHEDULED if s.run_after is not None else S.READY
+        state[n] = s.state
+
+    # 4. insert jobs level by level (a child's parent_id must be known), then the edges.
+    levels: dict[int, list[_Spec]] = defaultdict(list)
+    depth: dict[int, int] = {}
+    for s in order:
+        pn = node(s.parent) if s.parent is not None else None
+        depth[s.ref._index] = depth[pn[1]] + 1 if pn is not None and pn[0] == "n" else 0
+        levels[depth[s.ref._index]].append(s)
+
+    def resolve(r: Ref) -> int:
+        kind, k = node(r)
+        return by_index[k].ref.id if kind == "n" else k
+
+    any_ready = False
+    for d in sorted(levels):
+        rows = []
+        for s in levels[d]:
+            run_after = now
+            if isinstance(s.run_after, timedelta):
+                run_after = now + s.run_after
+            elif isinstance(s.run_after, datetime):
+                ra = s.run_after
+                run_after = ra if ra.tzinfo else ra.replace(tzinfo=UTC)
+            dead = s.state == S.CANCELLED
+            any_ready = any_ready or s.state == S.READY
+            rows.append(
+                {
+                    "type": s.type,
+                    "kind": S.CONTAINER if s.is_container else S.JOB,
+                    "state": s.state,
+                    "args": s.args,
+                    "parent_id": resolve(s.parent) if s.parent is not None else None,
+                    "group_key": s.group,
+                    "weight": s.weight,
+                    "priority": s.priority,
+                    "pending": s.pending,
+                    "run_after": run_after,
+                    "attempts": 0,
+                    "max_attempts": s.max_attempts,
+                    "attempt_limit": s.max_attempts,
+                    "timeout": s.timeout,
+                    "key": s.key,
+                    "live_key": None if dead else s.key,
+                    "cancelled_by": s.cancelled_by,
+                    "created_at": now,
+                    "finished_at": now if dead else None,
+                    "error": (
+                        {"type": "UpstreamFailed", "message": f"upstream {s.cancelled_by} "
+                         f"{existing[s.cancelled_by].state}"} if dead and s.cancelled_by else None
+                    ),
+                }
+            )
+        ids = await _insert_rows(q, conn, rows)
+        for s, new_id in zip(levels[d], ids, strict=True):
+            s.ref._id = new_id
+    edges = [{"job_id": s.ref.id, "depends_on_id": resolve(d)} for s in fresh for d in s.depends_on]
+    for i in range(0, len(edges), CHUNK * 5):
+        await conn.execute(insert(D), edges[i : i + CHUNK * 5])
+    groups = sorted({s.group for s in fresh if not s.is_container})
+    if groups:
+        await q._ensure_groups(conn, groups)
+    # containers that start active with no children are finished at once (roll-up).
+    empty = [s.ref.id for s in fresh if s.is_container and s.state == S.ACTIVE]
+    if empty:
+        await q._completer.rollup(conn, empty)
+    if any_ready:
+        await q._ops.notify(conn)
+    return [s.ref.id for s in specs], any_ready
+
+
+async def _insert_rows(q: JobQueue, conn: AsyncConnection, rows: list[dict[str, Any]]) -> list[int]:
+    J = q._t.jobs
+    out: list[int] = []
+    if conn.dialect.insert_returning and conn.dialect.insert_executemany_returning_sort_by_parameter_order:
+        for i in range(0, len(rows), CHUNK * 5):
+            res = await conn.execute(
+                insert(J).returning(J.c.id, sort_by_parameter_order=True), rows[i : i + CHUNK * 5]
+            )
+            out.extend(r[0] for r in res.all())
+        return out
+    # MySQL 8 has no INSERT ... RETURNING: one multi-row INSERT per chunk gets consecutive ids
+    # (InnoDB allocates a "simple insert" its whole range at once), starting at LAST_INSERT_ID().
+    for i in range(0, len(rows), CHUNK):
+        chunk = rows[i : i + CHUNK]
+        res = await conn.execute(insert(J).values(chunk))
+        first = res.inserted_primary_key[0] if len(chunk) == 1 else res.lastrowid
+        out.extend(range(int(first), int(first) + len(chunk)))
+    return out
+
+
+def _parent_first(specs: Sequence[_Spec], node: Any) -> list[_Spec]:
+    """Order fresh specs so every parent and every fresh dependency comes first."""
+    idx = {s.ref._index: s for s in specs}
+    indeg: dict[int, int] = {i: 0 for i in idx}
+    out_edges: dict[int, list[int]] = defaultdict(list)
+    for s in specs:
+        ups = [*s.depends_on, *([s.parent] if s.parent is not None else [])]
+        for u in ups:
+            kind, key = node(u)
+            if kind == "n" and key in idx:
+                out_edges[key].append(s.ref._index)
+                indeg[s.ref._index] += 1
+    ready = deque(sorted(i for i, d in indeg.items() if d == 0))
+    order: list[_Spec] = []
+    while ready:
+        i = ready.popleft()
+        order.append(idx[i])
+        for j in out_edges[i]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                ready.append(j)
+    if len(order) != len(specs):
+        raise DependencyCycleError("the batch's dependencies form a cycle")
+    return order
+
+
+async def _check_cycles(
+    q: JobQueue, conn: AsyncConnection, fresh: Sequence[_Spec], node: Any
+) -> None:
+    """Reject a DAG that would wait on itself, counting container membership.
+
+    The wait graph has an edge u -> v when u cannot finish before v does: u depends on v;
+    u is a container and v its child; a child waits for its container's gate, and a gate
+    waits for that container's dependencies and for its own container's gate. Existing jobs
+    never gain edges to new ones except through new children of existing containers, so
+    the database is walked only when the batch adds children to an existing container.
+    """
+    adj: dict[Any, set[Any]] = defaultdict(set)
+    for s in fresh:
+        n = node(s.ref)
+        for d in s.depends_on:
+            adj[n].add(node(d))
+            adj[("g", n)].add(node(d))
+        if s.parent is not None:
+            p = node(s.parent)
+            adj[p].add(n)
+            adj[n].add(("g", p))
+            adj[("g", n)].add(("g", p))
+    if any(s.parent is not None and node(s.parent)[0] == "e" for s in fresh):
+        await _load_existing_graph(q, conn, adj)
+    _assert_acyclic(adj)
+
+
+def _existing_ids(adj: dict[Any, set[Any]]) -> set[int]:
+    out: set[int] = set()
+    for n in [*adj, *(v for vs in adj.values() for v in vs)]:
+        base = n[1] if n[0] == "g" else n
+        if base[0] == "e":
+            out.add(base[1])
+    return out
+
+
+async def _load_existing_graph(q: JobQueue, conn: AsyncConnection, adj: dict[Any, set[Any]]) -> None:
+    """Pull the live part of the wait graph reachable from the batch out of the database."""
+    J, D = q._t.jobs, q._t.deps
+    live = list(S.LIVE)
+    seen: set[int] = set()
+    frontier = _existing_ids(adj)
+    while frontier:
+        batch = sorted(frontier - seen)
+        seen |= set(batch)
+        nxt: set[int] = set()
+        for i in range(0, len(batch), CHUNK):
+            part = batch[i : i + CHUNK]
+            rows = (await conn.execute(
+                select(J.c.id, J.c.parent_id).where(J.c.id.in_(part), J.c.state.in_(live))
+            )).all()
+            part = [r.id for r in rows]  # finished jobs wait for nothing
+            for r in rows:
+                if r.parent_id is not None:
+                    p = ("e", r.parent_id)
+                    adj[("e", r.id)].add(("g", p))
+                    adj[("g", ("e", r.id))].add(("g", p))
+                    nxt.add(r.parent_id)
+            for r in (await conn.execute(
+                select(D.c.job_id, D.c.depends_on_id).where(D.c.job_id.in_(part))
+            )).all():
+                adj[("e", r.job_id)].add(("e", r.depends_on_id))
+                adj[("g", ("e", r.job_id))].add(("e", r.depends_on_id))
+                nxt.add(r.depends_on_id)
+            for r in (await conn.execute(
+                select(J.c.id, J.c.parent_id).where(J.c.parent_id.in_(part), J.c.state.in_(live))
+            )).all():
+                adj[("e", r.parent_id)].add(("e", r.id))
+                nxt.add(r.id)
+        frontier = nxt - seen
+
+
+def _assert_acyclic(adj: dict[Any, set[Any]]) -> None:
+    indeg: dict[Any, int] = defaultdict(int)
+    nodes = set(adj)
+    for u, vs in adj.items():
+        for v in vs:
+            indeg[v] += 1
+            nodes.add(v)
+    queue = deque(n for n in nodes if indeg[n] == 0)
+    seen = 0
+    while queue:
+        u = queue.popleft()
+        seen += 1
+        for v in adj.get(u, ()):
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                queue.append(v)
+    if seen != len(nodes):
+        raise DependencyCycleError(
+            "these dependencies would form a cycle (a container waits for its children, so a "
+            "child must not depend on anything that waits for its container)"
+        )
+
+
+async def with_retry_on_key_race(coro_factory: Any) -> Any:
+    """Run ``coro_factory()``; a concurrent insert of the same key retries once."""
+    try:
+        return await coro_factory()
+    except IntegrityError:
+        return await coro_factory()

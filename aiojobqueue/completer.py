@@ -1,0 +1,431 @@
+"""Fenced finalize, container roll-up, release of dependents and failure propagation.
+
+Every function here runs inside the caller's write transaction, so a finalize and all of its
+consequences commit together or not at all.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import and_, case, func, literal_column, select, tuple_, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from . import schema as S
+from .policy import backoff
+from .timeutil import db_now, utcnow_plus
+
+if TYPE_CHECKING:
+    from .queue import JobQueue
+
+log = logging.getLogger("aiojobqueue.completer")
+CHUNK = 1000
+
+
+def lit(state: str) -> Any:
+    """A state as a SQL literal: keeps PostgreSQL's generic plans on the partial indexes."""
+    return literal_column(f"'{state}'")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one attempt ended. ``kind``: done | failed | cancelled | released."""
+
+    job_id: int
+    attempt: int
+    owner: str
+    kind: str
+    result: Any = None
+    error: dict[str, Any] | None = None
+    #: False: fail for good now (e.g. non-retryable), regardless of attempts left.
+    retryable: bool = True
+
+
+class Completer:
+    def __init__(self, q: JobQueue) -> None:
+        self.q = q
+        self.J = q._t.jobs
+        self.D = q._t.deps
+
+    # -- finalize -------------------------------------------------------------------------
+    async def finish(self, conn: AsyncConnection, outcomes: Sequence[Outcome]) -> list[Outcome]:
+        """Apply ``outcomes``, each only if its worker still holds that attempt's lease.
+
+        Returns the outcomes that took effect; the others were fenced out (the lease expired
+        and the job was reclaimed, or it was cancelled) and changed nothing.
+        """
+        J = self.J
+        if not outcomes:
+            return []
+        by_key = {(o.job_id, o.attempt): o for o in outcomes}
+        held: dict[int, Any] = {}
+        keys = sorted(by_key)
+        for i in range(0, len(keys), CHUNK):
+            part = keys[i : i + CHUNK]
+            stmt = self.q._ops.for_update(
+                select(J.c.id, J.c.attempts, J.c.lease_owner, J.c.attempt_limit,
+                       J.c.cancel_requested, J.c.cancelled_by)
+                .where(tuple_(J.c.id, J.c.attempts).in_(part), J.c.state == lit(S.RUNNING))
+                .order_by(J.c.id)
+            )
+            for r in (await conn.execute(stmt)).all():
+                if r.lease_owner == by_key[(r.id, r.attempts)].owner:
+                    held[r.id] = r
+        applied = [o for o in outcomes if o.job_id in held and held[o.job_id].attempts == o.attempt]
+        finished: list[tuple[int, str]] = []
+        done_rows = []
+        now = db_now()
+        cleared = {"lease_owner": None, "lease_expires": None}
+        for o in applied:
+            row = held[o.job_id]
+            kind = o.kind
+            if kind == "failed" and row.cancel_requested:
+                kind = "cancelled"
+            if kind == "done":
+                done_rows.append({"i": o.job_id, "r": o.result})
+            elif kind == "failed":
+                if o.retryable and row.attempts < row.attempt_limit:
+                    delay = backoff(row.attempts, self.q.retry_backoff, self.q.retry_backoff_max)
+                    await conn.execute(
+                        update(J).where(J.c.id == o.job_id).values(
+                            state=S.SCHEDULED, error=o.error, run_after=utcnow_plus(delay),
+                            **cleared,
+                        )
+                    )
+                else:
+                    await conn.execute(
+                        update(J).where(J.c.id == o.job_id).values(
+                            state=S.FAILED, error=o.error, finished_at=now, live_key=None,
+                            **cleared,
+                        )
+                    )
+                    finished.append((o.job_id, S.FAILED))
+            elif kind == "cancelled":
+                err = o.error or _cancel_error(row.cancelled_by)
+                await conn.execute(
+                    update(J).where(J.c.id == o.job_id).values(
+                        state=S.CANCELLED, error=err, finished_at=now, live_key=None, **cleared
+                    )
+                )
+                finished.append((o.job_id, S.CANCELLED))
+            elif kind == "released":
+                # interrupted by shutdown: run again at once, and this attempt does not count
+                await conn.execute(
+                    update(J).where(J.c.id == o.job_id).values(
+                        state=S.READY, attempt_limit=J.c.attempt_limit + 1, **cleared
+                    )
+                )
+            else:  # pragma: no cover - programming error
+                raise ValueError(kind)
+        if done_rows:
+            from sqlalchemy import bindparam
+
+            await conn.execute(
+                update(J).where(J.c.id == bindparam("i")).values(
+                    state=S.DONE, result=bindparam("r", type_=J.c.result.type), error=None,
+                    finished_at=now, live_key=None, **cleared,
+                ),
+                done_rows,
+            )
+            finished.extend((r["i"], S.DONE) for r in done_rows)
+        if finished:
+            await self.settle(conn, finished)
+        return applied
+
+    # -- consequences ---------------------------------------------------------------------
+    async def settle(self, conn: AsyncConnection, finished: Iterable[tuple[int, str]]) -> None:
+        """Propagate jobs that just became terminal: release or cancel dependents, roll up."""
+        work = list(finished)
+        while work:
+            done = [i for i, st in work if st == S.DONE]
+            bad = {i: i for i, st in work if st != S.DONE}
+            newly: list[tuple[int, str]] = []
+            if done:
+                newly += await self._release_dependents(conn, done)
+            if bad:
+                cancelled = await self._cancel_downstream(conn, bad)
+                work = work + [(i, S.CANCELLED) for i in cancelled]
+            parents = await self._parents_of(conn, [i for i, _ in work])
+            newly += await self.rollup(conn, parents)
+            work = newly
+
+    async def _parents_of(self, conn: AsyncConnection, ids: Sequence[int]) -> list[int]:
+        J = self.J
+        out: set[int] = set()
+        for i in range(0, len(ids), CHUNK):
+            rows = await conn.execute(
+                select(J.c.parent_id).where(J.c.id.in_(ids[i : i + CHUNK]),
+                                            J.c.parent_id.is_not(None)).distinct()
+            )
+            out.update(r[0] for r in rows)
+        return sorted(out)
+
+    async def _release_dependents(
+        self, conn: AsyncConnection, done: Sequence[int]
+    ) -> list[tuple[int, str]]:
+        J, D = self.J, self.D
+        counts: dict[int, int] = defaultdict(int)
+        for i in range(0, len(done), CHUNK):
+            rows = await conn.execute(
+                select(D.c.job_id, func.count()).where(D.c.depends_on_id.in_(done[i : i + CHUNK]))
+                .group_by(D.c.job_id)
+            )
+            for jid, n in rows:
+                counts[jid] += n
+        if not counts:
+            return []
+        by_n: dict[int, list[int]] = defaultdict(list)
+        for jid, n in counts.items():
+            by_n[n].append(jid)
+        for n, ids in by_n.items():
+            ids.sort()
+            for i in range(0, len(ids), CHUNK):
+                await conn.execute(
+                    update(J).where(J.c.id.in_(ids[i : i + CHUNK]), J.c.state == lit(S.WAITING))
+                    .values(pending=J.c.pending - n)
+                )
+        return await self.release(conn, sorted(counts))
+
+    async def release(self, conn: AsyncConnection, ids: Sequence[int]) -> list[tuple[int, str]]:
+        """Jobs among ``ids`` that wait on nothing any more become runnable (containers:
+        active, and their children are released in turn). Returns containers finished by it."""
+        J = self.J
+        finished: list[tuple[int, str]] = []
+        now = db_now()
+        todo = list(ids)
+        any_ready = False
+        while todo:
+            leaves: list[int] = []
+            boxes: list[int] = []
+            for i in range(0, len(todo), CHUNK):
+                rows = await conn.execute(
+                    select(J.c.id, J.c.kind).where(
+                        J.c.id.in_(todo[i : i + CHUNK]), J.c.state == lit(S.WAITING),
+                        J.c.pending <= 0,
+                    )
+                )
+                for r in rows:
+                    (boxes if r.kind == S.CONTAINER else leaves).append(r.id)
+            for i in range(0, len(leaves), CHUNK):
+                any_ready = True
+                await conn.execute(
+                    update(J).where(J.c.id.in_(leaves[i : i + CHUNK]), J.c.state == lit(S.WAITING))
+                    .values(state=case((J.c.run_after <= now, S.READY), else_=S.SCHEDULED))
+                )
+            todo = []
+            if boxes:
+                boxes.sort()
+                await conn.execute(
+                    update(J).where(J.c.id.in_(boxes), J.c.state == lit(S.WAITING))
+                    .values(state=S.ACTIVE)
+                )
+                await conn.execute(
+                    update(J).where(J.c.parent_id.in_(boxes), J.c.state == lit(S.WAITING))
+                    .values(pending=J.c.pending - 1)
+                )
+                rows = await conn.execute(
+                    select(J.c.id).where(J.c.parent_id.in_(boxes), J.c.state == lit(S.WAITING),
+                                         J.c.pending <= 0)
+                )
+                todo = [r[0] for r in rows]
+                finished += await self.rollup(conn, boxes)  # empty ones finish now
+        if any_ready:
+            await self.q._ops.notify(conn)
+        return finished
+
+    async def _cancel_downstream(self, conn: AsyncConnection, roots: dict[int, int]) -> list[int]:
+        """Cancel everything that waits on ``roots`` (id -> root cause). Running jobs get a
+        cancel request their worker honours; the rest are cancelled here. Returns the ids
+        cancelled here."""
+        J, D = self.J, self.D
+        frontier = dict(roots)
+        out: list[int] = []
+        cause_state: dict[int, str] = {}
+        while frontier:
+            ids = sorted(frontier)
+            hits: dict[int, int] = {}
+            for i in range(0, len(ids), CHUNK):
+                part = ids[i : i + CHUNK]
+                rows = await conn.execute(
+                    select(D.c.job_id, D.c.depends_on_id).join(J, J.c.id == D.c.job_id)
+                    .where(D.c.depends_on_id.in_(part), J.c.state.in_(S.LIVE))
+                )
+                for jid, up in rows:
+                    hits.setdefault(jid, frontier[up])
+                rows = await conn.execute(
+                    select(J.c.id, J.c.parent_id).where(J.c.parent_id.in_(part),
+                                                        J.c.state.in_(S.LIVE))
+                )
+                for jid, up in rows:
+                    hits.setdefault(jid, frontier[up])
+            if not hits:
+                break
+            for c in set(hits.values()) - set(cause_state):
+                cause_state[c] = (await conn.execute(
+                    select(J.c.state).where(J.c.id == c))).scalar_one()
+            frontier = {}
+            by_cause: dict[int, list[int]] = defaultdict(list)
+            for jid, c in hits.items():
+                by_cause[c].append(jid)
+            for c, jids in by_cause.items():
+                jids.sort()
+                err = _cancel_error(c, cause_state[c])
+                for i in range(0, len(jids), CHUNK):
+                    part = jids[i : i + CHUNK]
+                    await conn.execute(
+                        update(J).where(J.c.id.in_(part), J.c.state == lit(S.RUNNING))
+                        .values(cancel_requested=True, cancelled_by=c)
+                    )
+                    stmt = select(J.c.id).where(
+                        J.c.id.in_(part), J.c.state.in_([S.WAITING, S.SCHEDULED, S.READY, S.ACTIVE])
+                    )
+                    victims = [r[0] for r in await conn.execute(self.q._ops.for_update(stmt))]
+                    if victims:
+                        await conn.execute(
+                            update(J).where(J.c.id.in_(victims)).values(
+                                state=S.CANCELLED, error=err, cancelled_by=c,
+                                finished_at=db_now(), live_key=None,
+                            )
+                        )
+                        out += victims
+                        frontier.update({v: c for v in victims})
+        return out
+
+    async def rollup(self, conn: AsyncConnection, containers: Sequence[int]) -> list[tuple[int, str]]:
+        """Finish each container whose children are all terminal. The container row is
+        locked first, so two last children finishing at once cannot both miss the roll-up."""
+        J = self.J
+        out: list[tuple[int, str]] = []
+        for cid in sorted(containers):
+            row = (await conn.execute(
+                self.q._ops.for_update(select(J.c.state).where(J.c.id == cid))
+            )).first()
+            if row is None or row.state in S.TERMINAL:
+                continue
+            counts = dict((await conn.execute(
+                select(J.c.state, func.count()).where(J.c.parent_id == cid).group_by(J.c.state)
+            )).all())
+            if any(st not in S.TERMINAL for st in counts):
+                continue
+            if counts.get(S.FAILED):
+                state, err = S.FAILED, {"type": "ChildFailed",
+                                        "message": f"{counts[S.FAILED]} child job(s) failed"}
+            elif counts.get(S.CANCELLED):
+                state, err = S.CANCELLED, {"type": "ChildCancelled",
+                                           "message": f"{counts[S.CANCELLED]} child job(s) cancelled"}
+            else:
+                state, err = S.DONE, None
+            await conn.execute(
+                update(J).where(J.c.id == cid, J.c.state.in_(S.LIVE)).values(
+                    state=state, error=err, finished_at=db_now(), live_key=None
+                )
+            )
+            out.append((cid, state))
+        return out
+
+    # -- operator actions -----------------------------------------------------------------
+    async def cancel(self, conn: AsyncConnection, job_id: int) -> str:
+        """Cancel a job or container (and, by propagation, what waits on it)."""
+        J = self.J
+        row = (await conn.execute(
+            self.q._ops.for_update(select(J.c.id, J.c.state, J.c.kind).where(J.c.id == job_id))
+        )).first()
+        if row is None:
+            from .errors import JobNotFoundError
+
+            raise JobNotFoundError(f"no job with id {job_id}")
+        if row.state in S.TERMINAL:
+            return str(row.state)
+        err = {"type": "Cancelled", "message": "cancelled by request"}
+        if row.state == S.RUNNING:
+            await conn.execute(update(J).where(J.c.id == job_id).values(cancel_requested=True))
+            return S.RUNNING
+        await conn.execute(
+            update(J).where(J.c.id == job_id).values(
+                state=S.CANCELLED, error=err, finished_at=db_now(), live_key=None
+            )
+        )
+        await self.settle(conn, [(job_id, S.CANCELLED)])
+        return S.CANCELLED
+
+    async def retry(self, conn: AsyncConnection, job_id: int) -> list[int]:
+        """Make a failed/cancelled job runnable again, with the jobs its end cancelled and the
+        containers it made fail. Returns every id that was revived."""
+        from .errors import InvalidStateError, JobNotFoundError
+
+        J, D = self.J, self.D
+        row = (await conn.execute(
+            self.q._ops.for_update(select(J.c.id, J.c.state, J.c.parent_id).where(J.c.id == job_id))
+        )).first()
+        if row is None:
+            raise JobNotFoundError(f"no job with id {job_id}")
+        if row.state not in (S.FAILED, S.CANCELLED):
+            raise InvalidStateError(f"job {job_id} is {row.state}; only failed or cancelled jobs can be retried")
+        revive: set[int] = {job_id}
+        # ancestors that finished failed/cancelled reopen
+        parent = row.parent_id
+        while parent is not None:
+            p = (await conn.execute(select(J.c.id, J.c.state, J.c.parent_id).where(J.c.id == parent))).one()
+            if p.state in (S.FAILED, S.CANCELLED):
+                revive.add(p.id)
+            parent = p.parent_id
+        # jobs cancelled because of any revived job, transitively
+        frontier = set(revive)
+        while frontier:
+            rows = await conn.execute(
+                select(J.c.id).where(J.c.cancelled_by.in_(sorted(frontier)),
+                                     J.c.state == lit(S.CANCELLED))
+            )
+            nxt = {r[0] for r in rows} - revive
+            revive |= nxt
+            frontier = nxt
+        ids = sorted(revive)
+        # recompute pending from scratch for each revived job
+        for i in range(0, len(ids), CHUNK):
+            part = ids[i : i + CHUNK]
+            await conn.execute(
+                update(J).where(J.c.id.in_(part)).values(
+                    state=S.WAITING, error=None, finished_at=None, cancelled_by=None,
+                    cancel_requested=False, live_key=J.c.key, pending=0,
+                    attempt_limit=case((J.c.kind == S.JOB, J.c.attempts + J.c.max_attempts),
+                                       else_=J.c.attempt_limit),
+                    run_after=db_now(),
+                )
+            )
+        up = J.alias("up")
+        pending: dict[int, int] = defaultdict(int)
+        for i in range(0, len(ids), CHUNK):
+            part = ids[i : i + CHUNK]
+            rows = await conn.execute(
+                select(D.c.job_id, func.count()).join(up, up.c.id == D.c.depends_on_id)
+                .where(D.c.job_id.in_(part), up.c.state != lit(S.DONE)).group_by(D.c.job_id)
+            )
+            for jid, n in rows:
+                pending[jid] += n
+            par = J.alias("par")
+            rows = await conn.execute(
+                select(J.c.id).join(par, par.c.id == J.c.parent_id)
+                .where(J.c.id.in_(part), par.c.state != lit(S.ACTIVE))
+            )
+            for (jid,) in rows:
+                pending[jid] += 1
+        for jid, n in pending.items():
+            await conn.execute(update(J).where(J.c.id == jid).values(pending=n))
+        # release parents first so their children see an active container
+        await self.release(conn, ids)
+        return ids
+
+
+def _cancel_error(cause: int | None, cause_state: str | None = None) -> dict[str, Any]:
+    if cause is None:
+        return {"type": "Cancelled", "message": "cancelled by request"}
+    verb = "cancelled" if cause_state == S.CANCELLED else "failed"
+    return {"type": "UpstreamFailed", "message": f"upstream {cause} {verb}"}
+
+
+def and_all(*c: Any) -> Any:
+    return and_(*c)

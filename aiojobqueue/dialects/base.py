@@ -1,0 +1,136 @@
+"""The dialect seam: the few things that differ between databases.
+
+Everything else (the tick loop, fair share, retries, roll-up) is dialect-neutral and talks to
+the database only through SQLAlchemy Core plus the hooks below.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar
+
+from sqlalchemy import Select, Table, select
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from ..schema import Tables
+
+WakeCallback = Callable[[str], None]
+
+
+class Listener(ABC):
+    """A push channel that wakes idle workers (PostgreSQL LISTEN/NOTIFY)."""
+
+    @abstractmethod
+    async def run(self, on_wake: WakeCallback) -> None:
+        """Listen until cancelled, calling ``on_wake(payload)``; reconnects on drops."""
+
+
+class DialectOps(ABC):
+    """What one database family does its own way."""
+
+    name: ClassVar[str]
+    #: UPDATE ... RETURNING exists (not on MySQL/MariaDB).
+    update_returning: ClassVar[bool] = True
+
+    def __init__(self, tables: Tables) -> None:
+        self.t = tables
+
+    @staticmethod
+    def engine_kwargs() -> dict[str, Any]:
+        """Extra create_async_engine keywords when aiojobqueue builds the engine from a URL."""
+        return {}
+
+    def prepare_engine(self, engine: AsyncEngine) -> AsyncEngine:
+        """Install hooks / options on ``engine``; returns the engine the queue should use."""
+        return engine
+
+    async def check_server(self, conn: AsyncConnection) -> None:  # noqa: B027 - optional hook
+        """Raise UnsupportedDatabaseError when the server cannot run the claim."""
+
+    @abstractmethod
+    def skip_locked(self, stmt: Select[Any]) -> Select[Any]:
+        """Make a candidate SELECT lock what it returns and skip rows others hold."""
+
+    @abstractmethod
+    def for_update(self, stmt: Select[Any]) -> Select[Any]:
+        """Make a SELECT lock what it returns, waiting for other holders."""
+
+    async def lock_gate(self, conn: AsyncConnection) -> None:
+        """Serialize claims that count global caps (no-op where the claim is already exclusive)."""
+        m = self.t.meta
+        await conn.execute(self.for_update(select(m.c.value).where(m.c.name == "gate")))
+
+    async def insert_ignore(
+        self, conn: AsyncConnection, table: Table, rows: list[dict[str, Any]]
+    ) -> None:
+        """Insert rows, silently skipping those whose primary key already exists."""
+        await conn.execute(self._insert_ignore(table), rows)
+
+    @abstractmethod
+    def _insert_ignore(self, table: Table) -> Any: ...
+
+    def read_only(self, conn: AsyncConnection) -> Awaitable[AsyncConnection] | None:
+        """Execution options for a read-only transaction, where the dialect cares (SQLite)."""
+        return None
+
+    async def notify(self, conn: AsyncConnection, payload: str = "") -> None:  # noqa: B027
+        """Send a wake-up inside the caller's transaction (delivered on commit)."""
+
+    def listener(self, engine: AsyncEngine) -> Listener | None:
+        """A push listener, or None where only polling exists."""
+        return None
+
+    def channel(self) -> str:
+        return f"{self.t.jobs.name}_wake"
+
+    def is_transient(self, exc: BaseException) -> bool:
+        """A lock conflict, deadlock or lost connection: retrying the transaction is right."""
+        if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+            return True
+        if isinstance(exc, (OSError, ConnectionError, TimeoutError)):
+            return True
+        return self._is_transient(exc)
+
+    @abstractmethod
+    def _is_transient(self, exc: BaseException) -> bool: ...
+
+
+def dialect_for(engine: AsyncEngine, tables: Tables) -> DialectOps:
+    """Pick the dialect module by SQLAlchemy's dialect name."""
+    name = engine.dialect.name
+    if name == "postgresql":
+        from .postgresql import PostgresOps
+
+        return PostgresOps(tables)
+    if name in ("mysql", "mariadb"):  # SQLAlchemy calls MariaDB "mysql" with mysql+ URLs
+        from .mysql import MySQLOps
+
+        return MySQLOps(tables)
+    if name == "sqlite":
+        from .sqlite import SQLiteOps
+
+        return SQLiteOps(tables)
+    from ..errors import UnsupportedDatabaseError
+
+    raise UnsupportedDatabaseError(
+        f"unsupported database {name!r}: use SQLite, PostgreSQL or MySQL 8+/MariaDB 10.6+"
+    )
+
+
+def engine_kwargs_for(url_drivername: str) -> dict[str, Any]:
+    backend = url_drivername.split("+", 1)[0]
+    if backend == "postgresql":
+        from .postgresql import PostgresOps
+
+        return PostgresOps.engine_kwargs()
+    if backend in ("mysql", "mariadb"):
+        from .mysql import MySQLOps
+
+        return MySQLOps.engine_kwargs()
+    if backend == "sqlite":
+        from .sqlite import SQLiteOps
+
+        return SQLiteOps.engine_kwargs()
+    return {}

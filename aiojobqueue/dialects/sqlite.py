@@ -1,0 +1,68 @@
+"""SQLite: no row locks, so every writing transaction starts with BEGIN IMMEDIATE.
+
+The write lock taken at BEGIN makes the claim (and every finalize) exclusive; readers use
+DEFERRED so they never queue behind writers. WAL lets readers run during writes, and the
+busy timeout turns "database is locked" into a wait (retried further up if it still fires).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Select, event
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from sqlalchemy.dialects.sqlite import insert as lite_insert
+from .base import DialectOps
+
+BUSY_TIMEOUT_MS = 30_000
+
+
+class SQLiteOps(DialectOps):
+    name = "sqlite"
+
+    def prepare_engine(self, engine: AsyncEngine) -> AsyncEngine:
+        sync_engine = engine.sync_engine
+        if getattr(sync_engine, "_ajq_hooks", False):
+            return engine
+
+        @event.listens_for(sync_engine, "connect")
+        def _connect(dbapi_conn: Any, _rec: Any) -> None:
+            dbapi_conn.isolation_level = None  # we emit BEGIN ourselves (below)
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            cur.execute("PRAGMA synchronous=FULL")
+            cur.close()
+
+        @event.listens_for(sync_engine, "begin")
+        def _begin(conn: Connection) -> None:
+            mode = conn.get_execution_options().get("ajq_begin", "IMMEDIATE")
+            conn.exec_driver_sql(f"BEGIN {mode}")
+
+        sync_engine._ajq_hooks = True  # type: ignore[attr-defined]
+        return engine
+
+    def _insert_ignore(self, table: Any) -> Any:
+        return lite_insert(table).on_conflict_do_nothing()
+
+    def skip_locked(self, stmt: Select[Any]) -> Select[Any]:
+        return stmt  # BEGIN IMMEDIATE already made this transaction the only writer
+
+    def for_update(self, stmt: Select[Any]) -> Select[Any]:
+        return stmt
+
+    async def lock_gate(self, conn: AsyncConnection) -> None:
+        return None  # the write lock is the gate
+
+    def read_only(self, conn: AsyncConnection) -> Any:
+        return conn.execution_options(ajq_begin="DEFERRED")
+
+    def _is_transient(self, exc: BaseException) -> bool:
+        if isinstance(exc, OperationalError):
+            name = getattr(exc.orig, "sqlite_errorname", "") or ""
+            text = str(exc.orig).lower()
+            return name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in text
+        return False

@@ -1,0 +1,167 @@
+"""One attempt of one job: the handler call under its timeout, with every outcome captured."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import select, update
+
+from . import schema as S
+from .batch import Batch, check_json
+from .claim import Claimed
+from .completer import Outcome, lit
+from .errors import AioJobQueueError
+
+if TYPE_CHECKING:
+    from .queue import JobQueue
+
+log = logging.getLogger("aiojobqueue.worker")
+
+Handler = Callable[..., Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class HandlerSpec:
+    """A registered handler and its per-type defaults."""
+
+    fn: Handler
+    timeout: float | None
+    max_attempts: int | None
+
+
+class LeaseLostError(AioJobQueueError):
+    """This attempt no longer holds its lease (it was reclaimed or cancelled)."""
+
+
+class JobContext:
+    """What a running handler gets as its first argument."""
+
+    def __init__(self, queue: JobQueue, claimed: Claimed) -> None:
+        self._q = queue
+        self._c = claimed
+        #: The state saved by the last ``checkpoint()`` of an earlier attempt, else None.
+        self.checkpointed: Any = claimed.checkpoint
+
+    @property
+    def job_id(self) -> int:
+        return self._c.id
+
+    @property
+    def attempt(self) -> int:
+        """1 for the first run; counts every claim, retries included."""
+        return self._c.attempt
+
+    @property
+    def group(self) -> str:
+        return self._c.group
+
+    @property
+    def type(self) -> str:
+        return self._c.type
+
+    @property
+    def parent_id(self) -> int | None:
+        return self._c.parent_id
+
+    @property
+    def queue(self) -> JobQueue:
+        return self._q
+
+    async def checkpoint(self, state: Any) -> None:
+        """Save JSON progress; a later attempt starts with ``checkpointed == state``.
+
+        Fenced like finalize: raises LeaseLostError if this attempt lost its lease."""
+        check_json(state, "checkpoint state")
+        J = self._q._t.jobs
+        c = self._c
+
+        async def write(conn: Any) -> int:
+            res = await conn.execute(
+                update(J).where(
+                    J.c.id == c.id, J.c.attempts == c.attempt, J.c.state == lit(S.RUNNING),
+                    J.c.lease_owner == self._q.worker_id,
+                ).values(checkpoint=state)
+            )
+            return int(res.rowcount)
+
+        if await self._q._write(write) != 1:
+            raise LeaseLostError(f"job {c.id} attempt {c.attempt} no longer holds its lease")
+        self.checkpointed = state
+
+    async def dependency_results(self) -> dict[int, Any]:
+        """``{dependency id: result}`` of the jobs this one depends on."""
+        J, D = self._q._t.jobs, self._q._t.deps
+
+        async def read(conn: Any) -> dict[int, Any]:
+            rows = await conn.execute(
+                select(J.c.id, J.c.result).join(D, D.c.depends_on_id == J.c.id)
+                .where(D.c.job_id == self._c.id)
+            )
+            return {r.id: r.result for r in rows}
+
+        return await self._q._read(read)
+
+    def batch(self) -> Batch:
+        """A batch to add jobs from inside the handler (a dynamic DAG)."""
+        return self._q.batch()
+
+    async def enqueue(self, type: str, args: dict[str, Any] | None = None, **options: Any) -> int:
+        """Enqueue one more job from inside the handler."""
+        return await self._q.enqueue(type, args, **options)
+
+
+def _error(exc: BaseException, type_name: str | None = None, message: str | None = None) -> dict[str, Any]:
+    return {
+        "type": type_name or type(exc).__name__,
+        "message": message if message is not None else str(exc),
+        "traceback": "".join(traceback.format_exception(exc))[-8000:],
+    }
+
+
+async def run_attempt(q: JobQueue, c: Claimed, reasons: dict[int, str]) -> Outcome | None:
+    """Run ``c`` to an Outcome. ``reasons[c.id]`` says why the worker cancelled it, if it did:
+    "cancel" (cancel requested), "lost" (lease lost: nothing to write), "shutdown"."""
+    me = q.worker_id
+    spec = q._handlers.get(c.type)
+    if spec is None:  # never claimed without a handler; defensive
+        return Outcome(c.id, c.attempt, me, "failed", error={
+            "type": "NoHandler", "message": f"no handler for {c.type!r}"}, retryable=False)
+    limit = c.timeout if c.timeout is not None else spec.timeout
+    tmo = asyncio.timeout(limit)
+    try:
+        async with tmo:
+            result = await spec.fn(JobContext(q, c), **c.args)
+        check_json(result, f"result of {c.type!r}")
+        return Outcome(c.id, c.attempt, me, "done", result=result)
+    except asyncio.CancelledError:
+        reason = reasons.get(c.id)
+        if reason is None:
+            raise
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        if reason == "cancel":
+            return Outcome(c.id, c.attempt, me, "cancelled")
+        if reason == "shutdown":
+            return Outcome(c.id, c.attempt, me, "released")
+        return None
+    except TimeoutError as exc:
+        if tmo.expired():
+            log.warning("job %s (%s) attempt %s timed out after %ss", c.id, c.type, c.attempt, limit,
+                        extra=_extra(q, c))
+            return Outcome(c.id, c.attempt, me, "failed",
+                           error=_error(exc, "TimeoutError", f"timed out after {limit}s"))
+        return Outcome(c.id, c.attempt, me, "failed", error=_error(exc))
+    except BaseException as exc:  # noqa: BLE001 - a handler's SystemExit etc. is its failure
+        log.info("job %s (%s) attempt %s failed: %r", c.id, c.type, c.attempt, exc,
+                 extra=_extra(q, c))
+        return Outcome(c.id, c.attempt, me, "failed", error=_error(exc))
+
+
+def _extra(q: JobQueue, c: Claimed) -> dict[str, Any]:
+    return {"job_id": c.id, "job_type": c.type, "attempt": c.attempt, "worker": q.worker_id}

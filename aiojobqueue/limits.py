@@ -1,0 +1,77 @@
+"""External limits on how many jobs may start: the ``Limit`` protocol and ``RateLimit``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sqlalchemy import delete, func, insert, select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from .timeutil import utcnow_plus
+
+if TYPE_CHECKING:
+    from .queue import JobQueue
+
+
+class Limit:
+    """A cap from outside: free GPU memory, a budget, a licence count.
+
+    Subclass it and return how many more jobs may start now from ``available()``; the
+    worker never claims more than the minimum over all limits, the global ``concurrency``
+    and its own free capacity. ``on_start``/``on_finish`` are called as this process's jobs
+    start and finish, for limits that keep their own count.
+    """
+
+    async def available(self) -> int:
+        """How many more jobs may start right now (may be 0)."""
+        raise NotImplementedError
+
+    def on_start(self, job_type: str, group: str) -> None:  # noqa: B027 - optional hook
+        """A job of this process started."""
+
+    def on_finish(self, job_type: str, group: str) -> None:  # noqa: B027 - optional hook
+        """A job of this process finished (any outcome)."""
+
+
+class RateLimit(Limit):
+    """At most ``n`` job starts per ``per`` seconds, across every worker on the database.
+
+    Starts are recorded in the database inside the claim transaction and counted under the
+    claim gate, so the rate holds for the whole fleet, not per process. Give several
+    RateLimits distinct ``name``s if they must count separately.
+    """
+
+    def __init__(self, n: int, per: float = 1.0, *, name: str = "default") -> None:
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"RateLimit n must be an int >= 1, got {n!r}")
+        if per <= 0:
+            raise ValueError(f"RateLimit per must be > 0 seconds, got {per!r}")
+        self.n, self.per, self.name = n, float(per), name
+        self._queue: JobQueue | None = None
+
+    def __repr__(self) -> str:
+        return f"RateLimit({self.n}, per={self.per}, name={self.name!r})"
+
+    async def available(self) -> int:
+        if self._queue is None:
+            return self.n
+        q = self._queue
+        return int(await q._read(lambda conn: self._budget(q, conn)))
+
+    async def _budget(self, q: JobQueue, conn: AsyncConnection) -> int:
+        R = q._t.rate
+        used = (await conn.execute(
+            select(func.count()).select_from(R)
+            .where(R.c.name == self.name, R.c.at > utcnow_plus(-self.per))
+        )).scalar_one()
+        return max(self.n - int(used), 0)
+
+    async def _consume(self, q: JobQueue, conn: AsyncConnection, count: int) -> None:
+        if count <= 0:
+            return
+        R = q._t.rate
+        now = (await conn.execute(select(utcnow_plus(0.0)))).scalar_one()
+        await conn.execute(insert(R), [{"name": self.name, "at": now}] * count)
+        await conn.execute(
+            delete(R).where(R.c.name == self.name, R.c.at < utcnow_plus(-self.per * 2))
+        )

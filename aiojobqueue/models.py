@@ -1,0 +1,56 @@
+"""Public value types: Job snapshots and the state enum."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+
+class JobState(StrEnum):
+    """Where a job is. Terminal: DONE, FAILED, CANCELLED."""
+
+    WAITING = "waiting"  #: blocked on dependencies (or its container's)
+    SCHEDULED = "scheduled"  #: runnable once run_after passes (also: retry backoff)
+    READY = "ready"  #: runnable now
+    RUNNING = "running"  #: leased by a worker
+    ACTIVE = "active"  #: a container whose children may run
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.DONE, JobState.FAILED, JobState.CANCELLED)
+
+
+@dataclass(frozen=True)
+class Job:
+    """A snapshot of one job (or container) as stored."""
+
+    id: int
+    type: str
+    args: dict[str, Any]
+    state: JobState
+    result: Any
+    error: dict[str, Any] | None
+    attempts: int
+    max_attempts: int
+    group: str
+    weight: int
+    priority: int
+    parent_id: int | None
+    is_container: bool
+    key: str | None
+    depends_on: tuple[int, ...]
+    cancelled_by: int | None
+    lease_owner: str | None
+    created_at: datetime
+    run_after: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    @property
+    def terminal(self) -> bool:
+        return self.state.terminal

@@ -1,0 +1,339 @@
+"""JobQueue: configuration, lifecycle, enqueue/get/wait/cancel/retry, serve."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import Any, TypeVar
+
+from sqlalchemy import insert, select
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
+
+from . import schema as S
+from .batch import Batch, JobRef, _Spec, insert_specs
+from .completer import Completer
+from .dialects.base import DialectOps, dialect_for, engine_kwargs_for
+from .errors import (
+    ConfigurationError,
+    JobCancelled,
+    JobFailed,
+    JobNotFoundError,
+)
+from .executor import Handler, HandlerSpec
+from .hooks import Hooks
+from .limits import Limit, RateLimit
+from .models import Job, JobState
+from .worker import Worker
+
+log = logging.getLogger("aiojobqueue")
+T = TypeVar("T")
+
+
+class JobQueue:
+    """A DAG job queue whose only state is your database.
+
+    ``url`` is a SQLAlchemy async URL (``sqlite+aiosqlite:///jobs.db``,
+    ``postgresql+asyncpg://…``, ``mysql+aiomysql://…``) or an ``AsyncEngine``.
+    ``concurrency`` caps jobs in flight across every worker on the database (None: no global
+    cap); ``capacity`` caps jobs in flight in this process. See the README for the rest.
+    """
+
+    def __init__(
+        self,
+        url: str | AsyncEngine,
+        *,
+        concurrency: int | None = None,
+        capacity: int = 10,
+        limits: Iterable[Limit] = (),
+        group_limits: dict[str, int] | None = None,
+        lease_ttl: float = 30.0,
+        heartbeat_interval: float = 10.0,
+        poll_interval: float = 1.0,
+        shutdown_timeout: float = 30.0,
+        prefix: str = S.DEFAULT_PREFIX,
+        max_attempts: int = 3,
+        retry_backoff: float = 1.0,
+        retry_backoff_max: float = 300.0,
+        default_group: str = "default",
+        worker_id: str | None = None,
+    ) -> None:
+        if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
+            raise ConfigurationError(f"concurrency must be an int >= 1 or None: {concurrency!r}")
+        if not isinstance(capacity, int) or capacity < 1:
+            raise ConfigurationError(f"capacity must be an int >= 1: {capacity!r}")
+        if heartbeat_interval <= 0 or poll_interval <= 0 or shutdown_timeout < 0:
+            raise ConfigurationError("heartbeat_interval and poll_interval must be > 0")
+        if lease_ttl < 2 * heartbeat_interval:
+            raise ConfigurationError(
+                f"lease_ttl ({lease_ttl}s) must be at least twice heartbeat_interval "
+                f"({heartbeat_interval}s), or a live job's lease can expire between heartbeats"
+            )
+        if not prefix.replace("_", "").isalnum() or len(prefix) > 20:
+            raise ConfigurationError(f"prefix must be letters, digits and _ (<= 20): {prefix!r}")
+        for g, n in (group_limits or {}).items():
+            if not isinstance(n, int) or n < 0:
+                raise ConfigurationError(f"group limit for {g!r} must be an int >= 0: {n!r}")
+        self._url = url
+        self.concurrency = concurrency
+        self.capacity = capacity
+        self.limits = list(limits)
+        self.group_limits = dict(group_limits or {})
+        self.lease_ttl = float(lease_ttl)
+        self.heartbeat_interval = float(heartbeat_interval)
+        self.poll_interval = float(poll_interval)
+        self.shutdown_timeout = float(shutdown_timeout)
+        self.prefix = prefix
+        self.max_attempts = max_attempts
+        self.retry_backoff = retry_backoff
+        self.retry_backoff_max = retry_backoff_max
+        self.default_group = default_group
+        self.worker_id = worker_id or f"{uuid.uuid4().hex[:12]}"
+        self._t = S.build_tables(prefix)
+        self._handlers: dict[str, HandlerSpec] = {}
+        self._hooks = Hooks()
+        self._engine: AsyncEngine | None = None  # type: ignore[assignment]
+        self._owns_engine = False
+        self._ops: DialectOps = None  # type: ignore[assignment]
+        self._completer = Completer(self)
+        self._known_groups: set[str] = set()
+        self._local_done = asyncio.Event()
+        self._worker: Worker | None = None
+        self._db_limits = [lim for lim in self.limits if isinstance(lim, RateLimit)]
+        self._local_limits = [lim for lim in self.limits if not isinstance(lim, RateLimit)]
+        for lim in self._db_limits:
+            lim._queue = self
+        self._needs_gate = bool(concurrency is not None or self.group_limits or self._db_limits)
+
+    # -- registration ---------------------------------------------------------------------
+    def handler(
+        self, type: str, *, timeout: float | None = None, max_attempts: int | None = None
+    ) -> Callable[[Handler], Handler]:
+        """Register ``async def fn(ctx, **args)`` as the handler of jobs of ``type``."""
+        if timeout is not None and timeout <= 0:
+            raise ConfigurationError(f"timeout must be > 0: {timeout!r}")
+        if max_attempts is not None and max_attempts < 1:
+            raise ConfigurationError(f"max_attempts must be >= 1: {max_attempts!r}")
+
+        def register(fn: Handler) -> Handler:
+            if not asyncio.iscoroutinefunction(fn):
+                raise ConfigurationError(f"handler for {type!r} must be an async function")
+            self._handlers[type] = HandlerSpec(fn, timeout, max_attempts)
+            return fn
+
+        return register
+
+    def on(self, event: str, fn: Callable[..., Any]) -> None:
+        """Call ``fn`` on a lifecycle event: start, done, failed, cancelled, released."""
+        self._hooks.add(event, fn)
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def __aenter__(self) -> JobQueue:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Connect and create or upgrade the schema. Idempotent."""
+        if self._engine is not None:
+            return
+        if isinstance(self._url, AsyncEngine):
+            engine = self._url
+        else:
+            url = make_url(self._url)
+            if url.get_backend_name() in ("mysql", "mariadb") and "charset" not in url.query:
+                url = url.update_query_dict({"charset": "utf8mb4"})
+            engine = create_async_engine(url, **engine_kwargs_for(url.drivername))
+            self._owns_engine = True
+        ops = dialect_for(engine, self._t)
+        self._engine = ops.prepare_engine(engine)
+        self._ops = ops
+        try:
+            from .migrate import upgrade
+
+            await upgrade(self)
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        """Dispose of the engine aiojobqueue created (a passed-in engine is left alone)."""
+        engine, self._engine = self._engine, None
+        if engine is not None and self._owns_engine:
+            await engine.dispose()
+
+    @property
+    def engine(self) -> AsyncEngine:
+        if self._engine is None:
+            raise ConfigurationError("the queue is not started: use `async with queue:` first")
+        return self._engine
+
+    # -- transactions ---------------------------------------------------------------------
+    async def _write(self, fn: Callable[[AsyncConnection], Awaitable[T]], retries: int = 8) -> T:
+        """Run ``fn`` in one write transaction; lock conflicts and deadlocks retry it whole."""
+        delay = 0.005
+        for attempt in range(retries + 1):
+            try:
+                async with self.engine.begin() as conn:
+                    return await fn(conn)
+            except (DBAPIError, OSError) as exc:
+                if attempt == retries or not self._ops.is_transient(exc):
+                    raise
+                await asyncio.sleep(delay * (1 + random.random()))
+                delay = min(delay * 2, 1.0)
+        raise AssertionError("unreachable")
+
+    async def _read(self, fn: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        async with self.engine.connect() as conn:
+            ro = self._ops.read_only(conn)
+            if ro is not None:
+                conn = await ro
+            return await fn(conn)
+
+    async def _ensure_groups(self, conn: AsyncConnection, groups: list[str]) -> None:
+        new = [g for g in groups if g not in self._known_groups]
+        if not new:
+            return
+        G = self._t.groups
+        have = {r[0] for r in await conn.execute(select(G.c.group_key).where(G.c.group_key.in_(new)))}
+        missing = [{"group_key": g} for g in new if g not in have]
+        if missing:
+            await self._ops.insert_ignore(conn, G, missing)
+        self._known_groups.update(new)
+
+    # -- enqueue --------------------------------------------------------------------------
+    def batch(self, connection: AsyncConnection | AsyncSession | None = None) -> Batch:
+        """Collect jobs and containers to insert as one DAG in one transaction."""
+        return Batch(self, connection)
+
+    async def enqueue(
+        self,
+        type: str,
+        args: dict[str, Any] | None = None,
+        *,
+        group: str | None = None,
+        weight: int = 1,
+        depends_on: Iterable[JobRef | int] = (),
+        run_after: timedelta | datetime | float | None = None,
+        priority: int = 0,
+        timeout: float | None = None,
+        max_attempts: int | None = None,
+        key: str | None = None,
+        parent: JobRef | int | None = None,
+    ) -> int:
+        """Enqueue one job; returns its id (or, with a live ``key``, the existing job's id)."""
+        b = self.batch()
+        ref = b.add(type, args, group=group, weight=weight, depends_on=depends_on,
+                    run_after=run_after, priority=priority, timeout=timeout,
+                    max_attempts=max_attempts, key=key, parent=parent)
+        await b.commit()
+        return ref.id
+
+    async def _insert_batch(
+        self, specs: list[_Spec], connection: AsyncConnection | AsyncSession | None
+    ) -> list[int]:
+        if connection is not None:
+            if isinstance(connection, AsyncSession):
+                conn = await connection.connection()
+            else:
+                conn = connection
+            ids, _ = await insert_specs(self, conn, specs)
+            return ids
+        for attempt in range(3):
+            try:
+                ids, _ = await self._write(lambda conn: insert_specs(self, conn, specs))
+                return ids
+            except IntegrityError:  # a concurrent insert took the same key: look again
+                if attempt == 2:
+                    raise
+                for s in specs:
+                    s.ref._id = None
+        raise AssertionError("unreachable")
+
+    # -- inspection -----------------------------------------------------------------------
+    async def get(self, job_id: int) -> Job:
+        """A snapshot of one job. Raises JobNotFoundError."""
+        J, D = self._t.jobs, self._t.deps
+
+        async def read(conn: AsyncConnection) -> Job:
+            row = (await conn.execute(select(J).where(J.c.id == job_id))).first()
+            if row is None:
+                raise JobNotFoundError(f"no job with id {job_id}")
+            deps = [r[0] for r in await conn.execute(
+                select(D.c.depends_on_id).where(D.c.job_id == job_id).order_by(D.c.depends_on_id))]
+            return _to_job(row, deps)
+
+        return await self._read(read)
+
+    async def wait(self, job_id: int, timeout: float | None = None) -> Any:
+        """Wait until the job is terminal; return its result or raise JobFailed/JobCancelled.
+
+        Raises the builtin TimeoutError if ``timeout`` passes first."""
+        async with asyncio.timeout(timeout):
+            delay = 0.01
+            while True:
+                job = await self.get(job_id)
+                if job.state == JobState.DONE:
+                    return job.result
+                if job.state == JobState.FAILED:
+                    raise JobFailed(job_id, job.error)
+                if job.state == JobState.CANCELLED:
+                    raise JobCancelled(job_id, job.error)
+                done = self._local_done
+                try:
+                    await asyncio.wait_for(done.wait(), timeout=delay)
+                except TimeoutError:
+                    pass
+                delay = min(delay * 1.5, self.poll_interval)
+
+    async def cancel(self, job_id: int) -> None:
+        """Cancel a job or container and everything waiting on it. A running job is stopped
+        by its worker within about one heartbeat interval."""
+        await self._write(lambda conn: self._completer.cancel(conn, job_id))
+
+    async def retry(self, job_id: int) -> None:
+        """Make a failed or cancelled job runnable again, with the jobs its end cancelled."""
+        await self._write(lambda conn: self._completer.retry(conn, job_id))
+        if self._worker is not None:
+            self._worker.wake.set()
+
+    # -- serving --------------------------------------------------------------------------
+    async def serve(self) -> None:
+        """Run jobs until cancelled; on cancellation shut down gracefully."""
+        await self.start()
+        self._worker = Worker(self)
+        try:
+            await self._worker.serve()
+        finally:
+            self._worker = None
+
+    async def run_until_idle(self) -> None:
+        """Run jobs until nothing this process can run is runnable and nothing is in flight
+        anywhere (retries in backoff count as in flight; jobs delayed by run_after do not)."""
+        await self.start()
+        self._worker = Worker(self)
+        try:
+            await self._worker.serve(until_idle=True)
+        finally:
+            self._worker = None
+
+
+def _to_job(row: Any, deps: list[int]) -> Job:
+    return Job(
+        id=row.id, type=row.type, args=row.args, state=JobState(row.state), result=row.result,
+        error=row.error, attempts=row.attempts, max_attempts=row.max_attempts,
+        group=row.group_key, weight=row.weight, priority=row.priority, parent_id=row.parent_id,
+        is_container=row.kind == S.CONTAINER, key=row.key, depends_on=tuple(deps),
+        cancelled_by=row.cancelled_by, lease_owner=row.lease_owner, created_at=row.created_at,
+        run_after=row.run_after, started_at=row.started_at, finished_at=row.finished_at,
+    )

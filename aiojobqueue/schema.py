@@ -1,0 +1,156 @@
+"""Tables, the table prefix, and the schema version.
+
+Job states (see the README for the diagram):
+
+* leaves: ``waiting`` (blocked on dependencies or on its container's dependencies) ->
+  ``scheduled`` (runnable once ``run_after`` passes; also retries in backoff) -> ``ready`` ->
+  ``running`` (leased) -> ``done`` | ``failed`` | ``cancelled``;
+* containers: ``waiting`` -> ``active`` (children may run) -> ``done`` | ``failed`` | ``cancelled``.
+
+``pending`` counts what still blocks a job: its unfinished dependencies plus one while its
+container is not yet active. It is maintained when an upstream finishes, so the claim only
+ever looks at ``ready`` rows and never walks waiting or finished ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    false,
+    text,
+)
+from sqlalchemy.dialects import postgresql
+
+from .timeutil import UTCDateTime
+
+SCHEMA_VERSION = 1
+DEFAULT_PREFIX = "ajq_"
+
+WAITING, SCHEDULED, READY, RUNNING, ACTIVE = "waiting", "scheduled", "ready", "running", "active"
+DONE, FAILED, CANCELLED = "done", "failed", "cancelled"
+TERMINAL = (DONE, FAILED, CANCELLED)
+LIVE = (WAITING, SCHEDULED, READY, RUNNING, ACTIVE)
+
+JOB, CONTAINER = "job", "container"
+
+_Id = BigInteger().with_variant(Integer, "sqlite")  # SQLite only autoincrements INTEGER PKs
+_Json = JSON(none_as_null=True).with_variant(postgresql.JSONB(none_as_null=True), "postgresql")
+
+
+@dataclass(frozen=True)
+class Tables:
+    """The tables of one prefix."""
+
+    metadata: MetaData
+    jobs: Table
+    deps: Table
+    meta: Table
+    groups: Table
+    workers: Table
+    rate: Table
+
+
+def _partial(state: str) -> dict[str, object]:
+    where = text(f"state = '{state}'")
+    return {"postgresql_where": where, "sqlite_where": where}
+
+
+def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None) -> Tables:
+    """Build the schema under ``prefix`` (into ``metadata`` if given, e.g. an Alembic one)."""
+    md = metadata if metadata is not None else MetaData()
+    p = prefix
+    jobs = Table(
+        f"{p}jobs",
+        md,
+        Column("id", _Id, primary_key=True, autoincrement=True),
+        Column("type", String(200), nullable=False),
+        Column("kind", String(10), nullable=False, server_default=JOB),
+        Column("state", String(10), nullable=False),
+        Column("args", _Json, nullable=False),
+        Column("result", _Json),
+        Column("error", _Json),
+        Column("checkpoint", _Json),
+        Column("parent_id", _Id),
+        Column("group_key", String(200), nullable=False),
+        Column("weight", Integer, nullable=False, server_default="1"),
+        Column("priority", Integer, nullable=False, server_default="0"),
+        Column("pending", Integer, nullable=False, server_default="0"),
+        Column("run_after", UTCDateTime, nullable=False),
+        Column("attempts", Integer, nullable=False, server_default="0"),
+        Column("max_attempts", Integer, nullable=False),
+        Column("attempt_limit", Integer, nullable=False),
+        Column("timeout", Float),
+        Column("lease_owner", String(64)),
+        Column("lease_expires", UTCDateTime),
+        Column("cancel_requested", Boolean, nullable=False, server_default=false()),
+        Column("cancelled_by", _Id),
+        Column("key", String(255)),
+        # Equal to key while the job is live, NULL once terminal: a plain unique index on it
+        # gives "unique among live jobs" on every dialect (MySQL has no partial indexes).
+        Column("live_key", String(255), unique=True),
+        Column("created_at", UTCDateTime, nullable=False),
+        Column("started_at", UTCDateTime),
+        Column("finished_at", UTCDateTime),
+        # `state` leads every state index so MySQL/MariaDB (no partial indexes) can use them too.
+        Index(f"{p}ix_ready", "state", "group_key", text("priority DESC"), "id", **_partial(READY)),
+        Index(f"{p}ix_ready_weight", "state", "group_key", "weight", **_partial(READY)),
+        Index(f"{p}ix_running", "state", "group_key", "lease_expires", **_partial(RUNNING)),
+        Index(f"{p}ix_running_owner", "state", "lease_owner", **_partial(RUNNING)),
+        Index(f"{p}ix_scheduled", "state", "run_after", **_partial(SCHEDULED)),
+        Index(f"{p}ix_parent", "parent_id"),
+        Index(f"{p}ix_cancelled_by", "cancelled_by"),
+        Index(f"{p}ix_finished", "state", "finished_at"),
+    )
+    deps = Table(
+        f"{p}deps",
+        md,
+        Column("job_id", _Id, primary_key=True),
+        Column("depends_on_id", _Id, primary_key=True),
+        Index(f"{p}ix_deps_up", "depends_on_id"),
+    )
+    meta = Table(
+        f"{p}meta",
+        md,
+        Column("name", String(64), primary_key=True),
+        Column("value", String(255), nullable=False),
+    )
+    groups = Table(
+        f"{p}groups",
+        md,
+        Column("group_key", String(200), primary_key=True),
+    )
+    workers = Table(
+        f"{p}workers",
+        md,
+        Column("id", String(64), primary_key=True),
+        Column("host", String(255), nullable=False),
+        Column("pid", Integer, nullable=False),
+        Column("started_at", UTCDateTime, nullable=False),
+        Column("last_seen", UTCDateTime, nullable=False),
+        Column("running", Integer, nullable=False, server_default="0"),
+    )
+    rate = Table(
+        f"{p}rate",
+        md,
+        Column("id", _Id, primary_key=True, autoincrement=True),
+        Column("name", String(100), nullable=False),
+        Column("at", UTCDateTime, nullable=False),
+        Index(f"{p}ix_rate", "name", "at"),
+    )
+    return Tables(md, jobs, deps, meta, groups, workers, rate)
+
+
+_default = build_tables()
+#: The default-prefix schema, for Alembic's ``target_metadata``.
+metadata = _default.metadata
