@@ -1,0 +1,125 @@
+"""Shared fixtures: every database test runs on SQLite, PostgreSQL and MariaDB.
+
+Each test gets its own table prefix, so tests never see each other's rows and the servers
+need no per-test database. Server tests skip with a reason on a laptop without servers and
+fail in CI (CI=true), where every database must be there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from aiojobqueue import JobQueue
+from aiojobqueue.schema import build_tables
+
+PG_URL = os.environ.get("AIOJOBQUEUE_TEST_PG", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
+MY_URL = os.environ.get("AIOJOBQUEUE_TEST_MYSQL", "mysql+aiomysql://root@127.0.0.1:3306/test")
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+DATABASES = ["sqlite", "postgresql", "mariadb"]
+
+
+def _reachable(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def server_url(name: str) -> str:
+    """The URL for a server database, or skip (fail in CI) when it is not running."""
+    url, port = (PG_URL, 5432) if name == "postgresql" else (MY_URL, 3306)
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    if not _reachable(u.host or "127.0.0.1", u.port or port):
+        msg = f"{name} is not reachable at {u.host}:{u.port or port}"
+        if IN_CI:
+            pytest.fail(msg + " (CI=true: every database test must run)")
+        pytest.skip(msg + "; start it or set AIOJOBQUEUE_TEST_PG / AIOJOBQUEUE_TEST_MYSQL")
+    return url
+
+
+@pytest.fixture(params=DATABASES)
+def db(request: pytest.FixtureRequest, tmp_path: Any) -> str:
+    """The name of the database under test."""
+    return str(request.param)
+
+
+@pytest.fixture
+def db_url(db: str, tmp_path: Any) -> str:
+    if db == "sqlite":
+        return f"sqlite+aiosqlite:///{tmp_path}/jobs.db"
+    return server_url(db)
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"t{uuid.uuid4().hex[:10]}_"
+
+
+async def drop_tables(url: str, prefix: str) -> None:
+    engine = create_async_engine(url)
+    try:
+        async with engine.begin() as conn:
+            await conn.run_sync(build_tables(prefix).metadata.drop_all)
+    finally:
+        await engine.dispose()
+
+
+@pytest_asyncio.fixture
+async def make_queue(db_url: str, prefix: str) -> AsyncIterator[Callable[..., JobQueue]]:
+    """``make_queue(**options)`` -> a JobQueue on the database under test (not started).
+
+    Defaults are fast for tests (short poll and lease); tables are dropped afterwards."""
+    made: list[JobQueue] = []
+
+    def factory(**kw: Any) -> JobQueue:
+        opts: dict[str, Any] = {
+            "prefix": prefix, "poll_interval": 0.05, "lease_ttl": 3.0,
+            "heartbeat_interval": 0.5, "retry_backoff": 0.01, "retry_backoff_max": 0.05,
+            "shutdown_timeout": 2.0,
+        }
+        opts.update(kw)
+        q = JobQueue(db_url, **opts)
+        made.append(q)
+        return q
+
+    yield factory
+    for q in made:
+        await q.close()
+    if not db_url.startswith("sqlite"):
+        await drop_tables(db_url, prefix)
+
+
+@pytest_asyncio.fixture
+async def queue(make_queue: Callable[..., JobQueue]) -> AsyncIterator[JobQueue]:
+    """A started JobQueue on the database under test."""
+    q = make_queue()
+    async with q:
+        yield q
+
+
+async def eventually(pred: Callable[[], Any], timeout: float = 10.0, every: float = 0.02) -> None:
+    """Poll ``pred`` (sync or async) until true, or fail after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        r = pred()
+        if asyncio.iscoroutine(r):
+            r = await r
+        if r:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        await asyncio.sleep(every)
