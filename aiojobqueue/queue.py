@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import uuid
@@ -11,7 +12,7 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
-from sqlalchemy import insert, select
+from sqlalchemy import select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
@@ -98,7 +99,7 @@ class JobQueue:
         self._t = S.build_tables(prefix)
         self._handlers: dict[str, HandlerSpec] = {}
         self._hooks = Hooks()
-        self._engine: AsyncEngine | None = None  # type: ignore[assignment]
+        self._engine: AsyncEngine | None = None
         self._owns_engine = False
         self._ops: DialectOps = None  # type: ignore[assignment]
         self._completer = Completer(self)
@@ -205,11 +206,13 @@ class JobQueue:
         if not new:
             return
         G = self._t.groups
-        have = {r[0] for r in await conn.execute(select(G.c.group_key).where(G.c.group_key.in_(new)))}
+        stmt = select(G.c.group_key).where(G.c.group_key.in_(new))
+        have = {r[0] for r in await conn.execute(stmt)}
         missing = [{"group_key": g} for g in new if g not in have]
         if missing:
             await self._ops.insert_ignore(conn, G, missing)
-        self._known_groups.update(new)
+        # Cache only rows seen committed: this transaction may still roll back.
+        self._known_groups.update(have)
 
     # -- enqueue --------------------------------------------------------------------------
     def batch(self, connection: AsyncConnection | AsyncSession | None = None) -> Batch:
@@ -290,10 +293,8 @@ class JobQueue:
                 if job.state == JobState.CANCELLED:
                     raise JobCancelled(job_id, job.error)
                 done = self._local_done
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(done.wait(), timeout=delay)
-                except TimeoutError:
-                    pass
                 delay = min(delay * 1.5, self.poll_interval)
 
     async def cancel(self, job_id: int) -> None:
