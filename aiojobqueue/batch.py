@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import uuid
 from collections import defaultdict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
@@ -425,20 +426,29 @@ async def _insert_rows(q: JobQueue, conn: AsyncConnection, rows: list[dict[str, 
     J = q._t.jobs
     out: list[int] = []
     d = conn.dialect
-    if d.insert_returning and d.insert_executemany_returning_sort_by_parameter_order:
+    if (d.insert_returning and d.insert_executemany_returning_sort_by_parameter_order
+            and not q._force_insert_fallback):
         for i in range(0, len(rows), CHUNK * 5):
             res = await conn.execute(
                 insert(J).returning(J.c.id, sort_by_parameter_order=True), rows[i : i + CHUNK * 5]
             )
             out.extend(r[0] for r in res.all())
         return out
-    # MySQL 8 has no INSERT ... RETURNING: one multi-row INSERT per chunk gets consecutive ids
-    # (InnoDB allocates a "simple insert" its whole range at once), starting at LAST_INSERT_ID().
+    # MySQL 8 has no INSERT ... RETURNING, and with innodb_autoinc_lock_mode=2 a multi-row
+    # INSERT's ids are increasing but not guaranteed consecutive. So tag the rows with a token in
+    # the (still unused) lease_owner column, read the ids back in id order, and clear the tag.
+    token = f"insert:{uuid.uuid4().hex}"
     for i in range(0, len(rows), CHUNK):
-        chunk = rows[i : i + CHUNK]
-        res = await conn.execute(insert(J).values(chunk))
-        first = res.lastrowid
-        out.extend(range(int(first), int(first) + len(chunk)))
+        chunk = [dict(r, lease_owner=token) for r in rows[i : i + CHUNK]]
+        await conn.execute(insert(J).values(chunk))
+        got = [r[0] for r in await conn.execute(
+            select(J.c.id).where(J.c.state.in_(S.LIVE + S.TERMINAL), J.c.lease_owner == token)
+            .order_by(J.c.id)
+        )]
+        if len(got) != len(chunk):  # pragma: no cover - would mean a broken id mapping
+            raise RuntimeError(f"inserted {len(chunk)} jobs but found {len(got)}")
+        await conn.execute(update(J).where(J.c.id.in_(got)).values(lease_owner=None))
+        out.extend(got)
     return out
 
 

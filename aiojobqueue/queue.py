@@ -104,6 +104,8 @@ class JobQueue:
         self._ops: DialectOps = None  # type: ignore[assignment]
         self._completer = Completer(self)
         self._known_groups: set[str] = set()
+        # Tests force the no-RETURNING insert path (MySQL 8) on MariaDB with this.
+        self._force_insert_fallback = False
         self._local_done = asyncio.Event()
         self._worker: Worker | None = None
         self._db_limits = [lim for lim in self.limits if isinstance(lim, RateLimit)]
@@ -250,11 +252,13 @@ class JobQueue:
                 conn = await connection.connection()
             else:
                 conn = connection
-            ids, _ = await insert_specs(self, conn, specs)
+            ids, any_ready = await insert_specs(self, conn, specs)
             return ids
         for attempt in range(3):
             try:
-                ids, _ = await self._write(lambda conn: insert_specs(self, conn, specs))
+                ids, any_ready = await self._write(lambda conn: insert_specs(self, conn, specs))
+                if any_ready and self._worker is not None:
+                    self._worker.wake.set()  # a worker in this process starts it at once
                 return ids
             except IntegrityError:  # a concurrent insert took the same key: look again
                 if attempt == 2:
