@@ -380,14 +380,21 @@ class Completer:
             if p.state in (S.FAILED, S.CANCELLED):
                 revive.add(p.id)
             parent = p.parent_id
-        # jobs cancelled because of any revived job, transitively
+        # jobs cancelled because of any revived job, and the failed or cancelled children of
+        # revived containers (retrying a container retries what made it fail), transitively
         frontier = set(revive)
         while frontier:
+            part = sorted(frontier)
             rows = await conn.execute(
-                select(J.c.id).where(J.c.cancelled_by.in_(sorted(frontier)),
-                                     J.c.state == lit(S.CANCELLED))
+                select(J.c.id).where(J.c.cancelled_by.in_(part), J.c.state == lit(S.CANCELLED))
             )
-            nxt = {r[0] for r in rows} - revive
+            nxt = {r[0] for r in rows}
+            rows = await conn.execute(
+                select(J.c.id).where(J.c.parent_id.in_(part),
+                                     J.c.state.in_([S.FAILED, S.CANCELLED]))
+            )
+            nxt |= {r[0] for r in rows}
+            nxt -= revive
             revive |= nxt
             frontier = nxt
         ids = sorted(revive)
