@@ -7,6 +7,7 @@ of each group (priority, then age) with SKIP LOCKED, and lease them.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,13 @@ class Claimed:
     parent_id: int | None
 
 
+#: At most one promotion sweep per this many seconds per worker (capped by poll_interval):
+#: a busy worker claims hundreds of times a second, but a due retry can wait a tick.
+PROMOTE_EVERY = 0.1
+#: How long a census that found a single group with runnable jobs is trusted.
+GROUPS_EVERY = 0.1
+
+
 async def promote_due(q: JobQueue, conn: AsyncConnection) -> None:
     """``scheduled`` jobs whose time has come become ``ready``."""
     J = q._t.jobs
@@ -45,22 +53,9 @@ async def promote_due(q: JobQueue, conn: AsyncConnection) -> None:
     )
 
 
-async def claim(q: JobQueue, conn: AsyncConnection, want: int, types: list[str]) -> list[Claimed]:
-    """Lease up to ``want`` jobs of ``types`` on ``conn`` (inside a write transaction)."""
+async def _demand(q: JobQueue, conn: AsyncConnection, types: list[str]) -> dict[str, GroupDemand]:
+    """Groups with runnable jobs of ``types``: their weight, what they run, their cap room."""
     J, G = q._t.jobs, q._t.groups
-    await promote_due(q, conn)
-    if q._needs_gate:
-        await q._ops.lock_gate(conn)
-    free = want
-    if q.concurrency is not None:
-        running_all = (await conn.execute(
-            select(func.count()).select_from(J).where(J.c.state == lit(S.RUNNING))
-        )).scalar_one()
-        free = min(free, q.concurrency - running_all)
-    for limit in q._db_limits:
-        free = min(free, await limit._budget(q, conn))
-    if free <= 0:
-        return []
     has_ready = exists().where(
         J.c.state == lit(S.READY), J.c.group_key == G.c.group_key, J.c.type.in_(types)
     )
@@ -79,38 +74,28 @@ async def claim(q: JobQueue, conn: AsyncConnection, want: int, types: list[str])
     for g, w, r in rows:
         cap = q.group_limits.get(g)
         demand[g] = GroupDemand(int(w or 1), int(r), None if cap is None else max(cap - int(r), 0))
-    ids: list[int] = []
-    # Work-conserving: a group that has fewer runnable jobs than its share hands the rest on.
-    for _ in range(len(demand) + 1):
-        if free <= 0 or not demand:
-            break
-        plan = fair_share(free, demand)
-        exhausted = []
-        for g, n in sorted(plan.items()):
-            if n <= 0:
-                continue
-            cond = [J.c.state == lit(S.READY), J.c.group_key == g, J.c.type.in_(types)]
-            if ids:
-                cond.append(J.c.id.not_in(ids))
-            stmt = q._ops.skip_locked(
-                select(J.c.id).where(*cond).order_by(J.c.priority.desc(), J.c.id).limit(n)
-            )
-            got = [r[0] for r in await conn.execute(stmt)]
-            ids += got
-            free -= len(got)
-            d = demand[g]
-            if len(got) < n:
-                exhausted.append(g)
-            else:
-                demand[g] = GroupDemand(d.weight, d.running + len(got),
-                                        None if d.cap is None else d.cap - len(got))
-        for g in exhausted:
-            demand.pop(g)
-        if not exhausted:
-            break
-    if not ids:
+    return demand
+
+
+async def claim(q: JobQueue, conn: AsyncConnection, want: int, types: list[str]) -> list[Claimed]:
+    """Lease up to ``want`` jobs of ``types`` on ``conn`` (inside a write transaction)."""
+    J = q._t.jobs
+    now = time.monotonic()
+    if now - q._promoted_at >= min(PROMOTE_EVERY, q.poll_interval):
+        await promote_due(q, conn)
+        q._promoted_at = now
+    if q._needs_gate:
+        await q._ops.lock_gate(conn)
+    free = want
+    if q.concurrency is not None:
+        running_all = (await conn.execute(
+            select(func.count()).select_from(J).where(J.c.state == lit(S.RUNNING))
+        )).scalar_one()
+        free = min(free, q.concurrency - running_all)
+    for limit in q._db_limits:
+        free = min(free, await limit._budget(q, conn))
+    if free <= 0:
         return []
-    ids.sort()
     lease = {
         "state": S.RUNNING,
         "lease_owner": q.worker_id,
@@ -121,12 +106,69 @@ async def claim(q: JobQueue, conn: AsyncConnection, want: int, types: list[str])
     }
     cols = (J.c.id, J.c.type, J.c.args, J.c.attempts, J.c.group_key, J.c.timeout,
             J.c.checkpoint, J.c.parent_id)
-    lease_stmt = update(J).where(J.c.id.in_(ids)).values(**lease)
-    if q._ops.update_returning:
-        out = (await conn.execute(lease_stmt.returning(*cols))).all()
-    else:
-        await conn.execute(lease_stmt)
-        out = (await conn.execute(select(*cols).where(J.c.id.in_(ids)))).all()
+    returning = q._ops.update_returning
+    ids: list[int] = []
+    out: list[Any] = []
+    # With one group only (seen recently, no group caps) fair share has nothing to split:
+    # skip the per-group census for a moment. A new group is seen within GROUPS_EVERY, or at
+    # once when the known one runs dry.
+    cached = (q._single_group is not None and not q.group_limits
+              and now - q._groups_at < min(GROUPS_EVERY, q.poll_interval))
+    for _census in range(2):
+        if cached:
+            assert q._single_group is not None
+            demand = {q._single_group: GroupDemand(1)}
+        else:
+            demand = await _demand(q, conn, types)
+            q._groups_at = now
+            q._single_group = next(iter(demand)) if len(demand) == 1 else None
+        # Work-conserving: a group with fewer runnable jobs than its share hands the rest on.
+        for _ in range(len(demand) + 1):
+            if free <= 0 or not demand:
+                break
+            plan = fair_share(free, demand)
+            exhausted = []
+            for g, n in sorted(plan.items()):
+                if n <= 0:
+                    continue
+                cond = [J.c.state == lit(S.READY), J.c.group_key == g, J.c.type.in_(types)]
+                if ids and not returning:
+                    cond.append(J.c.id.not_in(ids))
+                pick = q._ops.skip_locked(
+                    select(J.c.id).where(*cond).order_by(J.c.priority.desc(), J.c.id).limit(n)
+                )
+                if returning:
+                    # One statement: pick (SKIP LOCKED) and lease, rows back in the same trip.
+                    got_rows = (await conn.execute(
+                        update(J).where(J.c.id.in_(pick.scalar_subquery())).values(**lease)
+                        .returning(*cols)
+                    )).all()
+                    out += got_rows
+                    got = len(got_rows)
+                else:
+                    picked = [r[0] for r in await conn.execute(pick)]
+                    ids += picked
+                    got = len(picked)
+                free -= got
+                d = demand[g]
+                if got < n:
+                    exhausted.append(g)
+                else:
+                    demand[g] = GroupDemand(d.weight, d.running + got,
+                                            None if d.cap is None else d.cap - got)
+            for g in exhausted:
+                demand.pop(g)
+            if not exhausted:
+                break
+        if not cached or free <= 0:
+            break
+        cached = False  # the one known group ran dry: look for others now
+    if ids:
+        ids.sort()
+        await conn.execute(update(J).where(q._ops.in_ids(J.c.id, ids)).values(**lease))
+        out = list((await conn.execute(select(*cols).where(q._ops.in_ids(J.c.id, ids)))).all())
+    if not out:
+        return []
     for limit in q._db_limits:
         await limit._consume(q, conn, len(out))
     return sorted(

@@ -104,6 +104,9 @@ class JobQueue:
         self._ops: DialectOps = None  # type: ignore[assignment]
         self._completer = Completer(self)
         self._known_groups: set[str] = set()
+        self._promoted_at = 0.0  # monotonic time of this process's last promotion sweep
+        self._groups_at = 0.0  # ... and of its last census of groups with runnable jobs
+        self._single_group: str | None = None  # the only such group then, if just one
         # Tests force the no-RETURNING insert path (MySQL 8) on MariaDB with this.
         self._force_insert_fallback = False
         self._local_done = asyncio.Event()
