@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import and_, case, func, literal_column, select, tuple_, update
+from sqlalchemy import and_, bindparam, case, exists, func, literal_column, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as S
@@ -63,17 +63,21 @@ class Completer:
             return []
         by_key = {(o.job_id, o.attempt): o for o in outcomes}
         held: dict[int, Any] = {}
-        keys = sorted(by_key)
-        for i in range(0, len(keys), CHUNK):
-            part = keys[i : i + CHUNK]
+        ids = sorted({o.job_id for o in outcomes})
+        # parent_id comes with the lock (it never changes), so settle() need not look it up.
+        # Dependents are NOT read here: an edge committed while we waited for the row lock
+        # would be invisible to this statement's snapshot (PostgreSQL, READ COMMITTED).
+        for i in range(0, len(ids), CHUNK):
             stmt = self.q._ops.for_update(
                 select(J.c.id, J.c.attempts, J.c.lease_owner, J.c.attempt_limit,
-                       J.c.cancel_requested, J.c.cancelled_by)
-                .where(tuple_(J.c.id, J.c.attempts).in_(part), J.c.state == lit(S.RUNNING))
+                       J.c.cancel_requested, J.c.cancelled_by, J.c.parent_id)
+                .where(self.q._ops.in_ids(J.c.id, ids[i : i + CHUNK]),
+                       J.c.state == lit(S.RUNNING))
                 .order_by(J.c.id)
             )
             for r in (await conn.execute(stmt)).all():
-                if r.lease_owner == by_key[(r.id, r.attempts)].owner:
+                o = by_key.get((r.id, r.attempts))
+                if o is not None and r.lease_owner == o.owner:
                     held[r.id] = r
         applied = [o for o in outcomes if o.job_id in held and held[o.job_id].attempts == o.attempt]
         finished: list[tuple[int, str]] = []
@@ -121,27 +125,52 @@ class Completer:
                 )
             else:  # pragma: no cover - programming error
                 raise ValueError(kind)
+        leaves: set[int] = set()
         if done_rows:
-            from sqlalchemy import bindparam
-
-            await conn.execute(
-                update(J).where(J.c.id == bindparam("i")).values(
-                    state=S.DONE, result=bindparam("r", type_=J.c.result.type), error=None,
-                    finished_at=now, live_key=None, **cleared,
-                ),
-                done_rows,
-            )
+            done_vals = dict(state=S.DONE, error=None, finished_at=now, live_key=None, **cleared)
+            # No result (None) is common: those rows share one set-based UPDATE.
+            plain = sorted(r["i"] for r in done_rows if r["r"] is None)
+            rich = [r for r in done_rows if r["r"] is not None]
+            for i in range(0, len(plain), CHUNK):
+                upd = update(J).where(self.q._ops.in_ids(J.c.id, plain[i : i + CHUNK])).values(
+                    result=None, **done_vals)
+                if not self.q._ops.update_returning:
+                    await conn.execute(upd)
+                    continue
+                # Who has dependents, read after the row locks are ours: no edge can be added
+                # to these jobs until we commit (batch insert locks its upstream rows).
+                rows = await conn.execute(upd.returning(J.c.id, exists().where(
+                    self.D.c.depends_on_id == J.c.id)))
+                leaves.update(r[0] for r in rows if not r[1])
+            if rich:
+                await conn.execute(
+                    update(J).where(J.c.id == bindparam("i")).values(
+                        result=bindparam("r", type_=J.c.result.type), **done_vals
+                    ),
+                    rich,
+                )
             finished.extend((r["i"], S.DONE) for r in done_rows)
         if finished:
-            await self.settle(conn, finished)
+            hint = {i: r.parent_id for i, r in held.items()}
+            await self.settle(conn, finished, hint, leaves)
         return applied
 
     # -- consequences ---------------------------------------------------------------------
-    async def settle(self, conn: AsyncConnection, finished: Iterable[tuple[int, str]]) -> None:
-        """Propagate jobs that just became terminal: release or cancel dependents, roll up."""
+    async def settle(
+        self,
+        conn: AsyncConnection,
+        finished: Iterable[tuple[int, str]],
+        parents: dict[int, int | None] | None = None,
+        leaves: set[int] | None = None,
+    ) -> None:
+        """Propagate jobs that just became terminal: release or cancel dependents, roll up.
+
+        ``parents`` maps finished ids to their parent id when the caller read them already
+        (finish() does, under the row lock): those need no look-up here; ``leaves`` are
+        finished ids known to have no dependents (read while their rows were locked)."""
         work = list(finished)
         while work:
-            done = [i for i, st in work if st == S.DONE]
+            done = [i for i, st in work if st == S.DONE and not (leaves and i in leaves)]
             bad = {i: i for i, st in work if st != S.DONE}
             newly: list[tuple[int, str]] = []
             if done:
@@ -149,16 +178,19 @@ class Completer:
             if bad:
                 cancelled = await self._cancel_downstream(conn, bad)
                 work = work + [(i, S.CANCELLED) for i in cancelled]
-            parents = await self._parents_of(conn, [i for i, _ in work])
-            newly += await self.rollup(conn, parents)
+            known = parents or {}
+            ups = await self._parents_of(conn, [i for i, _ in work if i not in known])
+            ups = sorted({*ups, *(p for i, _ in work if (p := known.get(i)) is not None)})
+            newly += await self.rollup(conn, ups)
             work = newly
+            parents = leaves = None
 
     async def _parents_of(self, conn: AsyncConnection, ids: Sequence[int]) -> list[int]:
         J = self.J
         out: set[int] = set()
         for i in range(0, len(ids), CHUNK):
             rows = await conn.execute(
-                select(J.c.parent_id).where(J.c.id.in_(ids[i : i + CHUNK]),
+                select(J.c.parent_id).where(self.q._ops.in_ids(J.c.id, ids[i : i + CHUNK]),
                                             J.c.parent_id.is_not(None)).distinct()
             )
             out.update(r[0] for r in rows)
@@ -171,7 +203,8 @@ class Completer:
         counts: dict[int, int] = defaultdict(int)
         for i in range(0, len(done), CHUNK):
             rows = await conn.execute(
-                select(D.c.job_id, func.count()).where(D.c.depends_on_id.in_(done[i : i + CHUNK]))
+                select(D.c.job_id, func.count())
+                .where(self.q._ops.in_ids(D.c.depends_on_id, done[i : i + CHUNK]))
                 .group_by(D.c.job_id)
             )
             for jid, n in rows:

@@ -7,7 +7,7 @@ the database only through SQLAlchemy Core plus the hooks below.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar
 
 from sqlalchemy import Select, Table, select
@@ -48,6 +48,11 @@ class DialectOps(ABC):
 
     async def check_server(self, conn: AsyncConnection) -> None:  # noqa: B027 - optional hook
         """Raise UnsupportedDatabaseError when the server cannot run the claim."""
+
+    def in_ids(self, col: Any, ids: Sequence[int]) -> Any:
+        """``col IN (ids)``. PostgreSQL overrides it with one array parameter, so the statement
+        text (and the server's prepared statement) stays the same whatever the count."""
+        return col.in_(ids)
 
     @abstractmethod
     def skip_locked(self, stmt: Select[Any]) -> Select[Any]:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import BigInteger, Select, any_, func, literal, select
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -26,6 +28,9 @@ class PostgresOps(DialectOps):
 
     def _insert_ignore(self, table: Any) -> Any:
         return pg_insert(table).on_conflict_do_nothing()
+
+    def in_ids(self, col: Any, ids: Sequence[int]) -> Any:
+        return col == any_(literal(list(ids), ARRAY(BigInteger)))
 
     def skip_locked(self, stmt: Select[Any]) -> Select[Any]:
         return stmt.with_for_update(skip_locked=True)
