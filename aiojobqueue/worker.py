@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("aiojobqueue.worker")
 T = TypeVar("T")
+#: Prefetch aims to hold about this many seconds of work ahead of the free slots.
+PREFETCH_HORIZON = 0.05
 
 
 @dataclass
@@ -54,6 +57,11 @@ class Worker:
     stopping: bool = False
     idle_exit: bool = False
     claims: int = 0
+    #: Leased (prefetched) jobs waiting for a free handler slot.
+    buffer: deque[Claimed] = field(default_factory=deque)
+    _active: int = 0  # handlers executing now (capacity caps this)
+    _avg_run: float | None = None  # moving average of handler run time, seconds
+    _flushing: int = 0
 
     # -- the loop -------------------------------------------------------------------------
     async def serve(self, until_idle: bool = False) -> None:
@@ -78,33 +86,76 @@ class Worker:
                     t.cancel()
 
     async def _tick_loop(self) -> None:
+        """The pump: each round is ONE transaction that writes the finished attempts (fenced)
+        and leases replacements for the freed slots (plus a short prefetch), so a busy worker
+        pays one commit per round, not one per claim and one per flush."""
         q = self.q
         types = sorted(q._handlers)
         delay = 0.0
+        backoff = 0.0
         while not self.stopping:
             if delay:
                 await self._sleep_or_wake(delay)
+            else:
+                await asyncio.sleep(0)  # let just-started handlers run: their slots count now
+            if self.stopping:
+                break
             self.wake.clear()
-            free = q.capacity - len(self.running)
+            want = q.capacity + self._prefetch() - self._active - len(self.buffer)
             for lim in q._local_limits:
-                free = min(free, await lim.available())
-            got: list[Claimed] = []
-            if free > 0 and types:
-                try:
-                    got = await q._write(partial(_claim, q, want=free, types=types))
-                except Exception as exc:
-                    if not q._ops.is_transient(exc) and not _is_db_error(exc):
-                        raise
-                    log.warning("claim failed (%s); backing off", exc)
-                    delay = min(max(delay * 2, 0.2), 5.0)
-                    continue
-            for c in got:
-                self._start(c)
-            idle_now = self.idle_exit and not got and not self.running and not self.outbox
+                want = min(want, await lim.available())
+            want = max(want, 0) if types else 0
+            batch, self.outbox = self.outbox, []
+            if not batch and not want:
+                delay = q.poll_interval  # a finishing job sets `wake`
+                continue
+            write = asyncio.ensure_future(q._write(partial(_cycle, q, batch, want, types)))
+            try:
+                applied, got = await asyncio.shield(write)
+            except asyncio.CancelledError:
+                # Shutting down mid-round: let the round finish so neither its outcomes nor
+                # its leases are lost; _drain then releases what it claimed.
+                with contextlib.suppress(Exception):
+                    applied, got = await write
+                    self._settled(batch, applied)
+                    self.buffer.extend(got)
+                    batch = []
+                self.outbox = batch + self.outbox
+                raise
+            except Exception as exc:
+                self.outbox = batch + self.outbox  # keep them: leases stay renewed meanwhile
+                if not q._ops.is_transient(exc) and not _is_db_error(exc):
+                    raise
+                backoff = min(max(backoff * 2, 0.2), 5.0)
+                log.warning("claim/finalize round failed (%s); retrying in %.1fs", exc, backoff)
+                delay = backoff
+                continue
+            backoff = 0.0
+            if batch:
+                self._settled(batch, applied)
+            self.buffer.extend(got)
+            self._fill()
+            idle_now = (self.idle_exit and not got and not self.running and not self.outbox
+                        and not self.buffer)
             if idle_now and await self._idle(types):
                 return
-            # A full claim means more may be waiting: go again at once.
-            delay = 0.0 if got and len(got) == free else q.poll_interval
+            # A full claim means more may be waiting, and outcomes that arrived meanwhile
+            # should be written: go again at once.
+            delay = 0.0 if (got and len(got) == want) or self.outbox else q.poll_interval
+
+    def _prefetch(self) -> int:
+        """Extra jobs to lease ahead of free slots: about what this worker starts within
+        PREFETCH_HORIZON at its recent pace, at most ``capacity``. None where a global cap,
+        group cap or limit is counted (a prefetched job would hold a scarce slot idle)."""
+        q = self.q
+        if q._needs_gate or q._local_limits or self._avg_run is None:
+            return 0
+        return min(q.capacity, int(q.capacity * PREFETCH_HORIZON / max(self._avg_run, 1e-6)))
+
+    def _fill(self) -> None:
+        """Start prefetched jobs while handler slots are free."""
+        while self.buffer and self._active < self.q.capacity and not self.stopping:
+            self._start(self.buffer.popleft())
 
     async def _sleep_or_wake(self, delay: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -115,6 +166,7 @@ class Worker:
 
     def _start(self, c: Claimed) -> None:
         self.claims += 1
+        self._active += 1
         for lim in self.q._local_limits:
             lim.on_start(c.type, c.group)
         task = asyncio.create_task(self._run(c), name=f"ajq-job-{c.id}")
@@ -122,12 +174,21 @@ class Worker:
         self.q._hooks.emit("start", c)
 
     async def _run(self, c: Claimed) -> None:
-        outcome = await run_attempt(self.q, c, self.reasons)
+        t0 = time.monotonic()
+        try:
+            outcome = await run_attempt(self.q, c, self.reasons)
+        finally:
+            self._active -= 1
+        took = time.monotonic() - t0
+        avg = self._avg_run
+        self._avg_run = took if avg is None else avg + (took - avg) * 0.1
         if outcome is None:  # lease lost: another attempt owns the job now
             self._forget(c)
-            return
-        self.outbox.append(outcome)
-        self.outbox_event.set()
+        else:
+            self.outbox.append(outcome)
+            self.outbox_event.set()
+            self.wake.set()
+        self._fill()
 
     def _forget(self, c: Claimed) -> None:
         r = self.running.get(c.id)
@@ -139,17 +200,37 @@ class Worker:
         self.wake.set()
 
     # -- completions ----------------------------------------------------------------------
+    def _settled(self, batch: list[Outcome], applied: list[Outcome]) -> None:
+        """Bookkeeping after outcomes were written (or fenced out)."""
+        q = self.q
+        ok = {(o.job_id, o.attempt) for o in applied}
+        for o in batch:
+            r = self.running.get(o.job_id)
+            c = r.claimed if r is not None else None
+            if (o.job_id, o.attempt) not in ok:
+                log.warning("job %s attempt %s: outcome discarded, lease no longer held",
+                            o.job_id, o.attempt)
+            if c is not None and c.attempt == o.attempt:
+                self._forget(c)
+                q._hooks.emit(o.kind if (o.job_id, o.attempt) in ok else "discarded", c, o)
+        q._local_done.set()
+        q._local_done = asyncio.Event()
+        self.wake.set()
+
     async def _flusher(self) -> None:
-        """Write finished attempts in batches: whatever finished while the previous write was
-        in flight goes in the next one transaction (no added latency when idle)."""
+        """Write finished attempts once the pump has stopped (shutdown), in batches."""
         q = self.q
         delay = 0.05
         while True:
             await self.outbox_event.wait()
             self.outbox_event.clear()
+            if not self.stopping:
+                continue  # the pump writes outcomes with its next round
             batch, self.outbox = self.outbox, []
             if not batch:
+                self.flushed.set()
                 continue
+            self._flushing += 1
             try:
                 applied = await q._write(partial(_finish, q, outcomes=batch))
                 delay = 0.05
@@ -160,19 +241,9 @@ class Worker:
                 delay = min(delay * 2, 5.0)
                 self.outbox_event.set()
                 continue
-            ok = {(o.job_id, o.attempt) for o in applied}
-            for o in batch:
-                r = self.running.get(o.job_id)
-                c = r.claimed if r is not None else None
-                if (o.job_id, o.attempt) not in ok:
-                    log.warning("job %s attempt %s: outcome discarded, lease no longer held",
-                                o.job_id, o.attempt)
-                if c is not None and c.attempt == o.attempt:
-                    self._forget(c)
-                    q._hooks.emit(o.kind if (o.job_id, o.attempt) in ok else "discarded", c, o)
-            q._local_done.set()
-            q._local_done = asyncio.Event()
-            self.wake.set()
+            finally:
+                self._flushing -= 1
+            self._settled(batch, applied)
             if not self.outbox:
                 self.flushed.set()
 
@@ -256,6 +327,10 @@ class Worker:
     async def _drain(self) -> None:
         """Stop claiming; give running jobs shutdown_timeout; then cancel and release them."""
         self.stopping = True
+        if self.buffer:  # prefetched, never started: back to ready, the attempt not counted
+            me = self.q.worker_id
+            self.outbox.extend(Outcome(c.id, c.attempt, me, "released") for c in self.buffer)
+            self.buffer.clear()
         tasks = [r.task for r in self.running.values()]
         if tasks:
             log.info("shutting down: waiting up to %ss for %d job(s)", self.q.shutdown_timeout,
@@ -270,7 +345,7 @@ class Worker:
                 await asyncio.wait(pending, timeout=5.0)
         # let the flusher write what finished (or was released) before the side loops stop
         deadline = time.monotonic() + max(self.q.shutdown_timeout, 5.0)
-        while self.running and time.monotonic() < deadline:
+        while (self.running or self.outbox or self._flushing) and time.monotonic() < deadline:
             self.outbox_event.set()
             self.flushed.clear()
             with contextlib.suppress(TimeoutError):
@@ -310,8 +385,13 @@ class Worker:
                 delay = min(delay * 2, 5.0)
 
 
-async def _claim(q: JobQueue, conn: Any, *, want: int, types: list[str]) -> list[Claimed]:
-    return await claim(q, conn, want, types)
+async def _cycle(
+    q: JobQueue, outcomes: list[Outcome], want: int, types: list[str], conn: Any
+) -> tuple[list[Outcome], list[Claimed]]:
+    """One pump round: finalize ``outcomes`` (fenced), then lease up to ``want`` jobs."""
+    applied = await q._completer.finish(conn, outcomes) if outcomes else []
+    got = await claim(q, conn, want, types) if want > 0 else []
+    return applied, got
 
 
 async def _finish(q: JobQueue, conn: Any, *, outcomes: list[Outcome]) -> list[Outcome]:
