@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.sql.compiler import InsertmanyvaluesSentinelOpts
 
 from . import schema as S
 from .errors import (
@@ -422,12 +423,29 @@ async def insert_specs(
 async def _insert_rows(q: JobQueue, conn: AsyncConnection, rows: list[dict[str, Any]]) -> list[int]:
     J = q._t.jobs
     out: list[int] = []
-    if conn.dialect.insert_returning and conn.dialect.insert_executemany_returning_sort_by_parameter_order:
+    dialect = conn.dialect
+    ordered = dialect.insert_executemany_returning_sort_by_parameter_order and bool(
+        dialect.insertmanyvalues_implicit_sentinel & InsertmanyvaluesSentinelOpts.ANY_AUTOINCREMENT
+    )
+    if dialect.insert_returning and ordered:
         for i in range(0, len(rows), CHUNK * 5):
             res = await conn.execute(
                 insert(J).returning(J.c.id, sort_by_parameter_order=True), rows[i : i + CHUNK * 5]
             )
             out.extend(r[0] for r in res.all())
+        return out
+    if dialect.insert_returning:
+        # SQLite: without an implicit sentinel SQLAlchemy would send ordered RETURNING one row
+        # per statement. One multi-row INSERT under the write lock numbers its rows upwards
+        # in VALUES order, so the sorted returned ids are the rows' ids in order.
+        size = max(1, min(CHUNK, dialect.insertmanyvalues_max_parameters // max(len(rows[0]), 1)))
+        for i in range(0, len(rows), size):
+            chunk = rows[i : i + size]
+            res = await conn.execute(insert(J).values(chunk).returning(J.c.id))
+            got = sorted(r[0] for r in res.all())
+            if len(got) != len(chunk):  # pragma: no cover - defensive
+                raise RuntimeError("multi-row INSERT returned the wrong number of ids")
+            out.extend(got)
         return out
     # MySQL 8 has no INSERT ... RETURNING: one multi-row INSERT per chunk gets consecutive ids
     # (InnoDB allocates a "simple insert" its whole range at once), starting at LAST_INSERT_ID().
