@@ -414,7 +414,8 @@ async def insert_specs(
     # containers that start active with no children are finished at once (roll-up).
     empty = [s.ref.id for s in fresh if s.is_container and s.state == S.ACTIVE]
     if empty:
-        await q._completer.rollup(conn, empty)
+        # finished at once: release what waits on them (and roll up their parents) too
+        await q._completer.settle(conn, await q._completer.rollup(conn, empty))
     if any_ready:
         await q._ops.notify(conn)
     return [s.ref.id for s in specs], any_ready
