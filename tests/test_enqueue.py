@@ -161,7 +161,9 @@ async def test_concurrent_batches_get_the_right_ids(queue: JobQueue) -> None:
 
 @pytest.mark.parametrize("kind", ["connection", "session"])
 @pytest.mark.parametrize("commit", [True, False])
-async def test_batch_joins_the_callers_transaction(queue: JobQueue, kind: str, commit: bool) -> None:
+async def test_batch_joins_the_callers_transaction(
+    queue: JobQueue, kind: str, commit: bool
+) -> None:
     before = await counts(queue)
     existing = await queue.enqueue("t", {"n": 0})
     before = (before[0] + 1, before[1])
@@ -231,7 +233,9 @@ async def test_key_is_unique_among_live_jobs(queue: JobQueue) -> None:
     assert await queue.enqueue("t", {"n": 8}, key="k") not in (first, reused)
 
 
-async def test_run_after_is_not_claimed_before_its_time(make_queue: Callable[..., JobQueue]) -> None:
+async def test_run_after_is_not_claimed_before_its_time(
+    make_queue: Callable[..., JobQueue],
+) -> None:
     q = make_queue()
     seen: dict[str, float] = {}
 
@@ -242,7 +246,8 @@ async def test_run_after_is_not_claimed_before_its_time(make_queue: Callable[...
     async with q:
         t0 = time.monotonic()
         later = await q.enqueue("t", {"name": "later"}, run_after=timedelta(seconds=1.5))
-        at = await q.enqueue("t", {"name": "at"}, run_after=datetime.now(UTC) + timedelta(seconds=1))
+        when = datetime.now(UTC) + timedelta(seconds=1)
+        at = await q.enqueue("t", {"name": "at"}, run_after=when)
         now = await q.enqueue("t", {"name": "now"})
         assert (await q.get(later)).state == JobState.SCHEDULED
         assert (await q.get(at)).state == JobState.SCHEDULED

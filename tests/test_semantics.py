@@ -305,7 +305,8 @@ async def test_handlers_extend_the_dag_at_run_time(queue: JobQueue) -> None:
 
     await queue.enqueue("spawn", {"n": 5})
     await queue.run_until_idle()
-    assert sorted(s for s in seen if s != "merge") == sorted(f"part{i}" for i in [0, 1, 2, 3, 4, 100])
+    parts = sorted(s for s in seen if s != "merge")
+    assert parts == sorted(f"part{i}" for i in [0, 1, 2, 3, 4, 100])
     assert seen.count("merge") == 1 and seen.index("merge") > max(
         seen.index(f"part{i}") for i in range(5))
     J = queue._t.jobs
@@ -350,7 +351,7 @@ async def test_checkpoint_survives_a_failed_attempt(make_queue: Callable[..., Jo
             raise RuntimeError("crash after step 1")
         if ctx.attempt == 2:
             await ctx.checkpoint({"step": 2, "prev": ctx.checkpointed})
-            raise asyncio.TimeoutError("hung")  # a builtin TimeoutError from the handler
+            raise TimeoutError("hung")  # a builtin TimeoutError from the handler
         return ctx.checkpointed
 
     async with q:
