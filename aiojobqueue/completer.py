@@ -295,7 +295,9 @@ class Completer:
                         frontier.update({v: c for v in victims})
         return out
 
-    async def rollup(self, conn: AsyncConnection, containers: Sequence[int]) -> list[tuple[int, str]]:
+    async def rollup(
+        self, conn: AsyncConnection, containers: Sequence[int]
+    ) -> list[tuple[int, str]]:
         """Finish each container whose children are all terminal. The container row is
         locked first, so two last children finishing at once cannot both miss the roll-up."""
         J = self.J
@@ -306,7 +308,7 @@ class Completer:
             )).first()
             if row is None or row.state in S.TERMINAL:
                 continue
-            counts = dict((await conn.execute(
+            counts: dict[str, int] = dict((await conn.execute(
                 select(J.c.state, func.count()).where(J.c.parent_id == cid).group_by(J.c.state)
             )).all())
             if any(st not in S.TERMINAL for st in counts):
@@ -315,8 +317,9 @@ class Completer:
                 state, err = S.FAILED, {"type": "ChildFailed",
                                         "message": f"{counts[S.FAILED]} child job(s) failed"}
             elif counts.get(S.CANCELLED):
+                n = counts[S.CANCELLED]
                 state, err = S.CANCELLED, {"type": "ChildCancelled",
-                                           "message": f"{counts[S.CANCELLED]} child job(s) cancelled"}
+                                           "message": f"{n} child job(s) cancelled"}
             else:
                 state, err = S.DONE, None
             await conn.execute(
@@ -364,11 +367,16 @@ class Completer:
         if row is None:
             raise JobNotFoundError(f"no job with id {job_id}")
         if row.state not in (S.FAILED, S.CANCELLED):
-            raise InvalidStateError(f"job {job_id} is {row.state}; only failed or cancelled jobs can be retried")
+            raise InvalidStateError(
+                f"job {job_id} is {row.state}; only failed or cancelled jobs can be retried"
+            )
         revive: set[int] = {job_id}
-        # To a fixed point: jobs cancelled because of a revived job, and the failed/cancelled
-        # containers of revived jobs (a roll-up ended them; they reopen with their child).
+        # To a fixed point: jobs cancelled because of a revived job; the failed/cancelled
+        # containers of revived jobs (a roll-up ended them; they reopen with their child); and
+        # the failed/cancelled children of a container retried on purpose (retrying a
+        # container retries what made it fail; a reopened one does not revive its siblings).
         frontier = {job_id}
+        on_purpose = {job_id}
         while frontier:
             part = sorted(frontier)
             rows = await conn.execute(
@@ -381,6 +389,15 @@ class Completer:
                 .where(J.c.id.in_(part), par.c.state.in_([S.FAILED, S.CANCELLED]))
             )
             nxt |= {r[0] for r in rows}
+            down = sorted(frontier & on_purpose)
+            if down:
+                rows = await conn.execute(
+                    select(J.c.id).where(J.c.parent_id.in_(down),
+                                         J.c.state.in_([S.FAILED, S.CANCELLED]))
+                )
+                kids = {r[0] for r in rows}
+                on_purpose |= kids
+                nxt |= kids
             frontier = nxt - revive
             revive |= frontier
         ids = sorted(revive)

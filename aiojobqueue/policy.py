@@ -49,7 +49,9 @@ def fair_share(free: int, groups: Mapping[str, GroupDemand]) -> dict[str, int]:
     return grant
 
 
-def backoff(attempt: int, base: float = 1.0, cap: float = 300.0, rng: random.Random | None = None) -> float:
+def backoff(
+    attempt: int, base: float = 1.0, cap: float = 300.0, rng: random.Random | None = None
+) -> float:
     """Seconds to wait before retry number ``attempt`` (1-based): exponential, full jitter.
 
     The delay is drawn uniformly from [d/2, d] with d = min(cap, base * 2**(attempt-1)), so
@@ -57,4 +59,4 @@ def backoff(attempt: int, base: float = 1.0, cap: float = 300.0, rng: random.Ran
     """
     r = rng if rng is not None else random
     d = min(cap, base * (2 ** max(attempt - 1, 0)))
-    return d / 2 + r.random() * d / 2
+    return float(d / 2 + r.random() * d / 2)
