@@ -182,3 +182,16 @@ async def test_custom_limit_caps_what_starts(make_queue: Callable[..., JobQueue]
     assert budget.peak == 2 and budget.live == 0
     assert budget.events.count(("start", "w", "g")) == 8
     assert budget.events.count(("finish", "w", "g")) == 8
+
+
+def test_custom_limit_example_runs() -> None:
+    """examples/custom_limit.py stays runnable (it asserts its own outcome)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).parent.parent / "examples" / "custom_limit.py"
+    r = subprocess.run([sys.executable, str(example)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "at most 2 jobs ran at once" in r.stdout
