@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import uuid
 from collections import defaultdict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
@@ -187,7 +188,9 @@ class Batch:
         if isinstance(run_after, (int, float)) and not isinstance(run_after, bool):
             run_after = timedelta(seconds=run_after)
         if run_after is not None and not isinstance(run_after, (timedelta, datetime)):
-            raise InvalidJobError(f"run_after must be a timedelta, datetime or seconds: {run_after!r}")
+            raise InvalidJobError(
+                f"run_after must be a timedelta, datetime or seconds: {run_after!r}"
+            )
         deps = list(depends_on)
         for d in [*deps, *([parent] if parent is not None else [])]:
             self._check_ref(d)
@@ -354,8 +357,8 @@ async def insert_specs(
     levels: dict[int, list[_Spec]] = defaultdict(list)
     depth: dict[int, int] = {}
     for s in order:
-        pn = node(s.parent) if s.parent is not None else None
-        depth[s.ref._index] = depth[pn[1]] + 1 if pn is not None and pn[0] == "n" else 0
+        up = node(s.parent) if s.parent is not None else None
+        depth[s.ref._index] = depth[up[1]] + 1 if up is not None and up[0] == "n" else 0
         levels[depth[s.ref._index]].append(s)
 
     def resolve(r: Ref) -> int:
@@ -364,7 +367,7 @@ async def insert_specs(
 
     any_ready = False
     for d in sorted(levels):
-        rows = []
+        new_rows: list[dict[str, Any]] = []
         for s in levels[d]:
             run_after = now
             if isinstance(s.run_after, timedelta):
@@ -374,7 +377,7 @@ async def insert_specs(
                 run_after = ra if ra.tzinfo else ra.replace(tzinfo=UTC)
             dead = s.state == S.CANCELLED
             any_ready = any_ready or s.state == S.READY
-            rows.append(
+            new_rows.append(
                 {
                     "type": s.type,
                     "kind": S.CONTAINER if s.is_container else S.JOB,
@@ -401,7 +404,7 @@ async def insert_specs(
                     ),
                 }
             )
-        ids = await _insert_rows(q, conn, rows)
+        ids = await _insert_rows(q, conn, new_rows)
         for s, new_id in zip(levels[d], ids, strict=True):
             s.ref._id = new_id
     edges = [{"job_id": s.ref.id, "depends_on_id": resolve(d)} for s in fresh for d in s.depends_on]
@@ -422,20 +425,30 @@ async def insert_specs(
 async def _insert_rows(q: JobQueue, conn: AsyncConnection, rows: list[dict[str, Any]]) -> list[int]:
     J = q._t.jobs
     out: list[int] = []
-    if conn.dialect.insert_returning and conn.dialect.insert_executemany_returning_sort_by_parameter_order:
+    d = conn.dialect
+    if (d.insert_returning and d.insert_executemany_returning_sort_by_parameter_order
+            and not q._force_insert_fallback):
         for i in range(0, len(rows), CHUNK * 5):
             res = await conn.execute(
                 insert(J).returning(J.c.id, sort_by_parameter_order=True), rows[i : i + CHUNK * 5]
             )
             out.extend(r[0] for r in res.all())
         return out
-    # MySQL 8 has no INSERT ... RETURNING: one multi-row INSERT per chunk gets consecutive ids
-    # (InnoDB allocates a "simple insert" its whole range at once), starting at LAST_INSERT_ID().
+    # MySQL 8 has no INSERT ... RETURNING, and with innodb_autoinc_lock_mode=2 a multi-row
+    # INSERT's ids are increasing but not guaranteed consecutive. So tag the rows with a token in
+    # the (still unused) lease_owner column, read the ids back in id order, and clear the tag.
+    token = f"insert:{uuid.uuid4().hex}"
     for i in range(0, len(rows), CHUNK):
-        chunk = rows[i : i + CHUNK]
-        res = await conn.execute(insert(J).values(chunk))
-        first = res.inserted_primary_key[0] if len(chunk) == 1 else res.lastrowid
-        out.extend(range(int(first), int(first) + len(chunk)))
+        chunk = [dict(r, lease_owner=token) for r in rows[i : i + CHUNK]]
+        await conn.execute(insert(J).values(chunk))
+        got = [r[0] for r in await conn.execute(
+            select(J.c.id).where(J.c.state.in_(S.LIVE + S.TERMINAL), J.c.lease_owner == token)
+            .order_by(J.c.id)
+        )]
+        if len(got) != len(chunk):  # pragma: no cover - would mean a broken id mapping
+            raise RuntimeError(f"inserted {len(chunk)} jobs but found {len(got)}")
+        await conn.execute(update(J).where(J.c.id.in_(got)).values(lease_owner=None))
+        out.extend(got)
     return out
 
 
@@ -501,7 +514,9 @@ def _existing_ids(adj: dict[Any, set[Any]]) -> set[int]:
     return out
 
 
-async def _load_existing_graph(q: JobQueue, conn: AsyncConnection, adj: dict[Any, set[Any]]) -> None:
+async def _load_existing_graph(
+    q: JobQueue, conn: AsyncConnection, adj: dict[Any, set[Any]]
+) -> None:
     """Pull the live part of the wait graph reachable from the batch out of the database."""
     J, D = q._t.jobs, q._t.deps
     live = list(S.LIVE)
@@ -540,7 +555,7 @@ async def _load_existing_graph(q: JobQueue, conn: AsyncConnection, adj: dict[Any
 def _assert_acyclic(adj: dict[Any, set[Any]]) -> None:
     indeg: dict[Any, int] = defaultdict(int)
     nodes = set(adj)
-    for u, vs in adj.items():
+    for vs in adj.values():
         for v in vs:
             indeg[v] += 1
             nodes.add(v)

@@ -139,11 +139,11 @@ async def claim(q: JobQueue, conn: AsyncConnection, want: int, types: list[str])
     }
     cols = (J.c.id, J.c.type, J.c.args, J.c.attempts, J.c.group_key, J.c.timeout,
             J.c.checkpoint, J.c.parent_id)
-    stmt = update(J).where(J.c.id.in_(ids)).values(**lease)
+    lease_stmt = update(J).where(J.c.id.in_(ids)).values(**lease)
     if q._ops.update_returning:
-        out = (await conn.execute(stmt.returning(*cols))).all()
+        out = (await conn.execute(lease_stmt.returning(*cols))).all()
     else:
-        await conn.execute(stmt)
+        await conn.execute(lease_stmt)
         out = (await conn.execute(select(*cols).where(J.c.id.in_(ids)))).all()
     for limit in q._db_limits:
         await limit._consume(q, conn, len(out))

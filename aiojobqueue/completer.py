@@ -295,7 +295,9 @@ class Completer:
                         frontier.update({v: c for v in victims})
         return out
 
-    async def rollup(self, conn: AsyncConnection, containers: Sequence[int]) -> list[tuple[int, str]]:
+    async def rollup(
+        self, conn: AsyncConnection, containers: Sequence[int]
+    ) -> list[tuple[int, str]]:
         """Finish each container whose children are all terminal. The container row is
         locked first, so two last children finishing at once cannot both miss the roll-up."""
         J = self.J
@@ -306,7 +308,7 @@ class Completer:
             )).first()
             if row is None or row.state in S.TERMINAL:
                 continue
-            counts = dict((await conn.execute(
+            counts: dict[str, int] = dict((await conn.execute(
                 select(J.c.state, func.count()).where(J.c.parent_id == cid).group_by(J.c.state)
             )).all())
             if any(st not in S.TERMINAL for st in counts):
@@ -315,8 +317,9 @@ class Completer:
                 state, err = S.FAILED, {"type": "ChildFailed",
                                         "message": f"{counts[S.FAILED]} child job(s) failed"}
             elif counts.get(S.CANCELLED):
+                n = counts[S.CANCELLED]
                 state, err = S.CANCELLED, {"type": "ChildCancelled",
-                                           "message": f"{counts[S.CANCELLED]} child job(s) cancelled"}
+                                           "message": f"{n} child job(s) cancelled"}
             else:
                 state, err = S.DONE, None
             await conn.execute(
@@ -364,23 +367,34 @@ class Completer:
         if row is None:
             raise JobNotFoundError(f"no job with id {job_id}")
         if row.state not in (S.FAILED, S.CANCELLED):
-            raise InvalidStateError(f"job {job_id} is {row.state}; only failed or cancelled jobs can be retried")
+            raise InvalidStateError(
+                f"job {job_id} is {row.state}; only failed or cancelled jobs can be retried"
+            )
         revive: set[int] = {job_id}
         # ancestors that finished failed/cancelled reopen
         parent = row.parent_id
         while parent is not None:
-            p = (await conn.execute(select(J.c.id, J.c.state, J.c.parent_id).where(J.c.id == parent))).one()
+            p = (await conn.execute(
+                select(J.c.id, J.c.state, J.c.parent_id).where(J.c.id == parent)
+            )).one()
             if p.state in (S.FAILED, S.CANCELLED):
                 revive.add(p.id)
             parent = p.parent_id
-        # jobs cancelled because of any revived job, transitively
+        # jobs cancelled because of any revived job, and the failed or cancelled children of
+        # revived containers (retrying a container retries what made it fail), transitively
         frontier = set(revive)
         while frontier:
+            part = sorted(frontier)
             rows = await conn.execute(
-                select(J.c.id).where(J.c.cancelled_by.in_(sorted(frontier)),
-                                     J.c.state == lit(S.CANCELLED))
+                select(J.c.id).where(J.c.cancelled_by.in_(part), J.c.state == lit(S.CANCELLED))
             )
-            nxt = {r[0] for r in rows} - revive
+            nxt = {r[0] for r in rows}
+            rows = await conn.execute(
+                select(J.c.id).where(J.c.parent_id.in_(part),
+                                     J.c.state.in_([S.FAILED, S.CANCELLED]))
+            )
+            nxt |= {r[0] for r in rows}
+            nxt -= revive
             revive |= nxt
             frontier = nxt
         ids = sorted(revive)

@@ -42,7 +42,9 @@ class UnsupportedDatabaseError(AioJobQueueError, RuntimeError):
 
 
 class JobFailed(AioJobQueueError):
-    """Raised by ``wait()`` when the job failed for good; ``.error`` holds type/message/traceback."""
+    """Raised by ``wait()`` when the job failed for good.
+
+    ``.error`` holds the recorded type, message and traceback."""
 
     def __init__(self, job_id: int, error: dict[str, Any] | None) -> None:
         self.job_id = job_id

@@ -115,7 +115,9 @@ class JobContext:
         return await self._q.enqueue(type, args, **options)
 
 
-def _error(exc: BaseException, type_name: str | None = None, message: str | None = None) -> dict[str, Any]:
+def _error(
+    exc: BaseException, type_name: str | None = None, message: str | None = None
+) -> dict[str, Any]:
     return {
         "type": type_name or type(exc).__name__,
         "message": message if message is not None else str(exc),
@@ -152,12 +154,13 @@ async def run_attempt(q: JobQueue, c: Claimed, reasons: dict[int, str]) -> Outco
         return None
     except TimeoutError as exc:
         if tmo.expired():
-            log.warning("job %s (%s) attempt %s timed out after %ss", c.id, c.type, c.attempt, limit,
+            log.warning("job %s (%s) attempt %s timed out after %ss",
+                        c.id, c.type, c.attempt, limit,
                         extra=_extra(q, c))
             return Outcome(c.id, c.attempt, me, "failed",
                            error=_error(exc, "TimeoutError", f"timed out after {limit}s"))
         return Outcome(c.id, c.attempt, me, "failed", error=_error(exc))
-    except BaseException as exc:  # noqa: BLE001 - a handler's SystemExit etc. is its failure
+    except BaseException as exc:
         log.info("job %s (%s) attempt %s failed: %r", c.id, c.type, c.attempt, exc,
                  extra=_extra(q, c))
         return Outcome(c.id, c.attempt, me, "failed", error=_error(exc))

@@ -26,10 +26,10 @@ class Limit:
         """How many more jobs may start right now (may be 0)."""
         raise NotImplementedError
 
-    def on_start(self, job_type: str, group: str) -> None:  # noqa: B027 - optional hook
+    def on_start(self, job_type: str, group: str) -> None:
         """A job of this process started."""
 
-    def on_finish(self, job_type: str, group: str) -> None:  # noqa: B027 - optional hook
+    def on_finish(self, job_type: str, group: str) -> None:
         """A job of this process finished (any outcome)."""
 
 

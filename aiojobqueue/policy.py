@@ -67,4 +67,4 @@ def backoff(
     """
     r = rng if rng is not None else random
     d = min(cap, base * 2.0 ** min(max(attempt - 1, 0), _MAX_DOUBLINGS))
-    return d / 2 + r.random() * d / 2
+    return float(d / 2 + r.random() * d / 2)

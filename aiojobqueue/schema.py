@@ -15,6 +15,7 @@ ever looks at ``ready`` rows and never walks waiting or finished ones.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import (
     JSON,
@@ -61,7 +62,7 @@ class Tables:
     rate: Table
 
 
-def _partial(state: str) -> dict[str, object]:
+def _partial(state: str) -> dict[str, Any]:
     where = text(f"state = '{state}'")
     return {"postgresql_where": where, "sqlite_where": where}
 

@@ -64,7 +64,7 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.astimezone(UTC)
 
 
-class utcnow_plus(FunctionElement[datetime]):  # noqa: N801 - reads like a SQL function
+class utcnow_plus(FunctionElement[datetime]):
     """The database's current UTC time plus ``seconds`` (a float, may be negative)."""
 
     type = UTCDateTime()

@@ -8,12 +8,14 @@ outages are absorbed in one place, ``_resilient``: log, back off, try again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import func, insert, select, update
@@ -67,7 +69,7 @@ class Worker:
             ]
             if q._schedules and not until_idle:
                 side.append(tg.create_task(self._resilient("periodic", lambda: run_schedules(q))))
-            listener = q._ops.listener(q._engine)
+            listener = q._ops.listener(q.engine)
             if listener is not None and not until_idle:
                 side.append(tg.create_task(
                     self._resilient("listen", lambda: listener.run(self._on_notify))))
@@ -92,7 +94,7 @@ class Worker:
             got: list[Claimed] = []
             if free > 0 and types:
                 try:
-                    got = await q._write(lambda conn: claim(q, conn, free, types))
+                    got = await q._write(partial(_claim, q, want=free, types=types))
                 except Exception as exc:
                     if not q._ops.is_transient(exc) and not _is_db_error(exc):
                         raise
@@ -101,17 +103,15 @@ class Worker:
                     continue
             for c in got:
                 self._start(c)
-            if self.idle_exit and not got and not self.running and not self.outbox:
-                if await self._idle(types):
-                    return
+            idle_now = self.idle_exit and not got and not self.running and not self.outbox
+            if idle_now and await self._idle(types):
+                return
             # A full claim means more may be waiting: go again at once.
             delay = 0.0 if got and len(got) == free else q.poll_interval
 
     async def _sleep_or_wake(self, delay: float) -> None:
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.wake.wait(), timeout=delay)
-        except TimeoutError:
-            pass
 
     def _on_notify(self, _payload: str) -> None:
         self.wake.set()
@@ -154,7 +154,7 @@ class Worker:
             if not batch:
                 continue
             try:
-                applied = await q._write(lambda conn: q._completer.finish(conn, batch))
+                applied = await q._write(partial(_finish, q, outcomes=batch))
                 delay = 0.05
             except Exception as exc:  # keep them: leases stay renewed while we retry
                 log.warning("finalize of %d job(s) failed (%s); retrying", len(batch), exc)
@@ -187,7 +187,7 @@ class Worker:
         while True:
             mine = {i: r.claimed.attempt for i, r in self.running.items()}
 
-            async def beat(conn: Any) -> list[Any]:
+            async def beat(conn: Any, mine: dict[int, int] = mine) -> list[Any]:
                 nonlocal registered
                 if mine:
                     await conn.execute(
@@ -276,10 +276,8 @@ class Worker:
         while self.running and time.monotonic() < deadline:
             self.outbox_event.set()
             self.flushed.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.flushed.wait(), timeout=0.2)
-            except TimeoutError:
-                pass
 
     async def _idle(self, types: list[str]) -> bool:
         J = self.q._t.jobs
@@ -313,6 +311,14 @@ class Worker:
                 log.warning("%s: database error (%s); retrying in %.1fs", name, exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+
+async def _claim(q: JobQueue, conn: Any, *, want: int, types: list[str]) -> list[Claimed]:
+    return await claim(q, conn, want, types)
+
+
+async def _finish(q: JobQueue, conn: Any, *, outcomes: list[Outcome]) -> list[Outcome]:
+    return await q._completer.finish(conn, outcomes)
 
 
 def _is_db_error(exc: BaseException) -> bool:

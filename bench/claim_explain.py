@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import tempfile
@@ -73,10 +74,8 @@ async def one(db: str, backlog: int, runs: int) -> None:
                     assert len(got) == 10
                     raise _Rollback
 
-                try:
+                with contextlib.suppress(_Rollback):
                     await q._write(timed)
-                except _Rollback:
-                    pass
             print(f"   group discovery: median {statistics.median(t_disc) * 1000:.2f} ms; "
                   f"whole claim of 10: median {statistics.median(t_claim) * 1000:.2f} ms "
                   f"({runs} runs)")

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Select
+from sqlalchemy import Select, insert
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from sqlalchemy import insert
 from ..errors import UnsupportedDatabaseError
 from .base import DialectOps
 
@@ -36,7 +35,7 @@ class MySQLOps(DialectOps):
 
     async def check_server(self, conn: AsyncConnection) -> None:
         dialect = conn.dialect
-        version = dialect.server_version_info or (0,)
+        version = tuple(v for v in (dialect.server_version_info or ()) if isinstance(v, int))
         if getattr(dialect, "is_mariadb", False):
             if tuple(version[:2]) < (10, 6):
                 raise UnsupportedDatabaseError(
@@ -58,6 +57,6 @@ class MySQLOps(DialectOps):
 
     def _is_transient(self, exc: BaseException) -> bool:
         if isinstance(exc, DBAPIError):
-            args = getattr(exc.orig, "args", ())
+            args: tuple[Any, ...] = tuple(getattr(exc.orig, "args", ()))
             return bool(args) and args[0] in _TRANSIENT
         return False

@@ -8,11 +8,11 @@ import logging
 from typing import Any
 
 from sqlalchemy import Select, func, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 from .base import DialectOps, Listener, WakeCallback
 
 log = logging.getLogger("aiojobqueue.listener")

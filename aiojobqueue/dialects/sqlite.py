@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import Select, event
+from sqlalchemy.dialects.sqlite import insert as lite_insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from sqlalchemy.dialects.sqlite import insert as lite_insert
 from .base import DialectOps
 
 BUSY_TIMEOUT_MS = 30_000
