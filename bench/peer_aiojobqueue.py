@@ -22,6 +22,7 @@ Verification: N rows ``done``, N distinct ids, each with ``attempts = 1``, nothi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from typing import Any
@@ -141,13 +142,11 @@ async def _work(where: Any, conc: int, drain: bool, rec: Any, stop: Any) -> None
         if isinstance(stop, asyncio.Event):
             await stop.wait()
         else:  # threading.Event from the SQLite/MariaDB harness
-            while not stop.is_set():
+            while not stop.is_set():  # noqa: ASYNC110 - a threading.Event
                 await asyncio.sleep(0.01)
         task.cancel()
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await task
-        except asyncio.CancelledError:
-            pass
 
 
 def work(where: Any, conc: int, drain: bool, rec: Any, stop_or_wid: Any) -> Any:
@@ -164,16 +163,15 @@ async def _verify(where: Any, n: int) -> dict[str, Any]:
 
     q = _queue(where)
     J = q._t.jobs
-    async with q:
-        async with q.engine.connect() as conn:
-            done = case((J.c.state == S.DONE, 1), else_=0)
-            row = (await conn.execute(select(
-                func.coalesce(func.sum(done), 0),
-                func.count(func.distinct(case((J.c.state == S.DONE, J.c.id)))),
-                func.coalesce(func.sum(case((J.c.state.in_(S.LIVE), 1), else_=0)), 0),
-                func.coalesce(func.sum(J.c.attempts), 0),
-                func.max(J.c.finished_at),
-            ))).one()
+    async with q, q.engine.connect() as conn:
+        done = case((J.c.state == S.DONE, 1), else_=0)
+        row = (await conn.execute(select(
+            func.coalesce(func.sum(done), 0),
+            func.count(func.distinct(case((J.c.state == S.DONE, J.c.id)))),
+            func.coalesce(func.sum(case((J.c.state.in_(S.LIVE), 1), else_=0)), 0),
+            func.coalesce(func.sum(J.c.attempts), 0),
+            func.max(J.c.finished_at),
+        ))).one()
     completed, distinct_done, remaining, starts, t_last = row
     return {
         "completed": int(completed), "distinct": int(distinct_done), "remaining": int(remaining),
