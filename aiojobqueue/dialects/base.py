@@ -33,6 +33,8 @@ class DialectOps(ABC):
     name: ClassVar[str]
     #: UPDATE ... RETURNING exists (not on MySQL/MariaDB).
     update_returning: ClassVar[bool] = True
+    #: A lone multi-row INSERT ... RETURNING may run in autocommit (one round trip).
+    autocommit_insert: ClassVar[bool] = False
 
     def __init__(self, tables: Tables) -> None:
         self.t = tables
@@ -82,6 +84,11 @@ class DialectOps(ABC):
 
     async def notify(self, conn: AsyncConnection, payload: str = "") -> None:  # noqa: B027
         """Send a wake-up inside the caller's transaction (delivered on commit)."""
+
+    def notify_expr(self) -> Any:
+        """An expression that sends the wake-up when evaluated inside a statement (so an
+        INSERT can carry it in RETURNING instead of a separate round trip), or None."""
+        return None
 
     def listener(self, engine: AsyncEngine) -> Listener | None:
         """A push listener, or None where only polling exists."""

@@ -25,6 +25,7 @@ _TRANSIENT = {"40P01", "40001", "55P03", "57P01", "57P02", "57P03", "08000", "08
 
 class PostgresOps(DialectOps):
     name = "postgresql"
+    autocommit_insert = True
 
     def _insert_ignore(self, table: Any) -> Any:
         return pg_insert(table).on_conflict_do_nothing()
@@ -40,6 +41,11 @@ class PostgresOps(DialectOps):
 
     async def notify(self, conn: AsyncConnection, payload: str = "") -> None:
         await conn.execute(select(func.pg_notify(self.channel(), payload)))
+
+    def notify_expr(self) -> Any:
+        # Evaluated once per returned row, but NOTIFY collapses identical notifications of
+        # one transaction into one.
+        return func.pg_notify(self.channel(), "")
 
     def listener(self, engine: AsyncEngine) -> Listener:
         return _PgListener(engine, self.channel())
