@@ -63,6 +63,7 @@ class Worker:
     _active: int = 0  # handlers executing now (capacity caps this)
     _avg_run: float | None = None  # moving average of handler run time, seconds
     _flushing: int = 0
+    _backlog: bool = False  # the last claim got all it asked for
 
     # -- the loop -------------------------------------------------------------------------
     async def serve(self, until_idle: bool = False) -> None:
@@ -134,6 +135,8 @@ class Worker:
                 delay = backoff
                 continue
             backoff = 0.0
+            if want:
+                self._backlog = len(got) >= want
             if batch:
                 self._settled(batch, applied)
             self.buffer.extend(got)
@@ -148,10 +151,12 @@ class Worker:
 
     def _prefetch(self) -> int:
         """Extra jobs to lease ahead of free slots: about what this worker starts within
-        PREFETCH_HORIZON at its recent pace, at most ``capacity``. None where a global cap,
-        group cap or limit is counted (a prefetched job would hold a scarce slot idle)."""
+        PREFETCH_HORIZON at its recent pace, at most ``capacity``; only while the last claim
+        came back full (a backlog to run through: a shallow ready set is left to the other
+        workers). None where a global cap, group cap or limit is counted (a prefetched job
+        would hold a scarce slot idle)."""
         q = self.q
-        if q._needs_gate or q._local_limits or self._avg_run is None:
+        if q._needs_gate or q._local_limits or self._avg_run is None or not self._backlog:
             return 0
         return min(q.capacity, int(q.capacity * PREFETCH_HORIZON / max(self._avg_run, 1e-6)))
 
