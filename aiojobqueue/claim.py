@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Select, func, select, update
+from sqlalchemy import Select, bindparam, func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as S
@@ -94,6 +94,25 @@ async def _demand(q: JobQueue, conn: AsyncConnection, types: list[str]) -> dict[
     return demand
 
 
+def _pick_and_lease(q: JobQueue, types: list[str], lease: dict[str, Any], cols: Any) -> Any:
+    """UPDATE ... WHERE id IN (best :n ready of group :g, SKIP LOCKED) RETURNING, built once
+    per handler-type set (the lease values are constants of this queue)."""
+    key = ("pick", tuple(types))
+    stmt = q._stmts.get(key)
+    if stmt is None:
+        J = q._t.jobs
+        pick = q._ops.skip_locked(
+            select(J.c.id)
+            .where(J.c.state == lit(S.READY), J.c.group_key == bindparam("g"),
+                   J.c.type.in_(types))
+            .order_by(J.c.priority.desc(), J.c.id)
+            .limit(bindparam("n"))
+        )
+        stmt = update(J).where(J.c.id.in_(pick.scalar_subquery())).values(**lease).returning(*cols)
+        q._stmts[key] = stmt
+    return stmt
+
+
 async def claim(q: JobQueue, conn: AsyncConnection, want: int, types: list[str]) -> list[Claimed]:
     """Lease up to ``want`` jobs of ``types`` on ``conn`` (inside a write transaction)."""
     J = q._t.jobs
@@ -148,21 +167,21 @@ async def claim(q: JobQueue, conn: AsyncConnection, want: int, types: list[str])
             for g, n in sorted(plan.items()):
                 if n <= 0:
                     continue
-                cond = [J.c.state == lit(S.READY), J.c.group_key == g, J.c.type.in_(types)]
-                if ids and not returning:
-                    cond.append(J.c.id.not_in(ids))
-                pick = q._ops.skip_locked(
-                    select(J.c.id).where(*cond).order_by(J.c.priority.desc(), J.c.id).limit(n)
-                )
                 if returning:
                     # One statement: pick (SKIP LOCKED) and lease, rows back in the same trip.
                     got_rows = (await conn.execute(
-                        update(J).where(J.c.id.in_(pick.scalar_subquery())).values(**lease)
-                        .returning(*cols)
+                        _pick_and_lease(q, types, lease, cols), {"g": g, "n": n}
                     )).all()
                     out += got_rows
                     got = len(got_rows)
                 else:
+                    cond = [J.c.state == lit(S.READY), J.c.group_key == g, J.c.type.in_(types)]
+                    if ids:
+                        cond.append(J.c.id.not_in(ids))
+                    pick = q._ops.skip_locked(
+                        select(J.c.id).where(*cond).order_by(J.c.priority.desc(), J.c.id)
+                        .limit(n)
+                    )
                     picked = [r[0] for r in await conn.execute(pick)]
                     ids += picked
                     got = len(picked)

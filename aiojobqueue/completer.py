@@ -67,15 +67,17 @@ class Completer:
         # parent_id comes with the lock (it never changes), so settle() need not look it up.
         # Dependents are NOT read here: an edge committed while we waited for the row lock
         # would be invisible to this statement's snapshot (PostgreSQL, READ COMMITTED).
-        for i in range(0, len(ids), CHUNK):
-            stmt = self.q._ops.for_update(
+        stmts = self.q._stmts
+        lock = stmts.get("finish.lock")
+        if lock is None:
+            lock = stmts["finish.lock"] = self.q._ops.for_update(
                 select(J.c.id, J.c.attempts, J.c.lease_owner, J.c.attempt_limit,
                        J.c.cancel_requested, J.c.cancelled_by, J.c.parent_id)
-                .where(self.q._ops.in_ids(J.c.id, ids[i : i + CHUNK]),
-                       J.c.state == lit(S.RUNNING))
+                .where(self.q._ops.in_ids_param(J.c.id, "ids"), J.c.state == lit(S.RUNNING))
                 .order_by(J.c.id)
             )
-            for r in (await conn.execute(stmt)).all():
+        for i in range(0, len(ids), CHUNK):
+            for r in (await conn.execute(lock, {"ids": ids[i : i + CHUNK]})).all():
                 o = by_key.get((r.id, r.attempts))
                 if o is not None and r.lease_owner == o.owner:
                     held[r.id] = r
@@ -131,17 +133,19 @@ class Completer:
             # No result (None) is common: those rows share one set-based UPDATE.
             plain = sorted(r["i"] for r in done_rows if r["r"] is None)
             rich = [r for r in done_rows if r["r"] is not None]
-            for i in range(0, len(plain), CHUNK):
-                upd = update(J).where(self.q._ops.in_ids(J.c.id, plain[i : i + CHUNK])).values(
+            upd = stmts.get("finish.done")
+            if upd is None:
+                upd = update(J).where(self.q._ops.in_ids_param(J.c.id, "ids")).values(
                     result=None, **done_vals)
-                if not self.q._ops.update_returning:
-                    await conn.execute(upd)
-                    continue
-                # Who has dependents, read after the row locks are ours: no edge can be added
-                # to these jobs until we commit (batch insert locks its upstream rows).
-                rows = await conn.execute(upd.returning(J.c.id, exists().where(
-                    self.D.c.depends_on_id == J.c.id)))
-                leaves.update(r[0] for r in rows if not r[1])
+                if self.q._ops.update_returning:
+                    # Who has dependents, read after the row locks are ours: no edge can be
+                    # added to these jobs until we commit (batch insert locks its upstreams).
+                    upd = upd.returning(J.c.id, exists().where(self.D.c.depends_on_id == J.c.id))
+                stmts["finish.done"] = upd
+            for i in range(0, len(plain), CHUNK):
+                rows = await conn.execute(upd, {"ids": plain[i : i + CHUNK]})
+                if self.q._ops.update_returning:
+                    leaves.update(r[0] for r in rows if not r[1])
             if rich:
                 await conn.execute(
                     update(J).where(J.c.id == bindparam("i")).values(

@@ -108,6 +108,9 @@ class JobQueue:
         self._promoted_at = 0.0  # monotonic time of this process's last promotion sweep
         self._groups_at = 0.0  # ... and of its last census of groups with runnable jobs
         self._single_group: str | None = None  # the only such group then, if just one
+        # Hot statements built once (claim, finalize): no per-round construction and one
+        # compiled form each; keyed by their role and shape.
+        self._stmts: dict[Any, Any] = {}
         # Tests force the no-RETURNING insert path (MySQL 8) on MariaDB with this.
         self._force_insert_fallback = False
         self._local_done = asyncio.Event()

@@ -10,7 +10,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar
 
-from sqlalchemy import Select, Table, select
+from sqlalchemy import Select, Table, bindparam, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -55,6 +55,11 @@ class DialectOps(ABC):
         """``col IN (ids)``. PostgreSQL overrides it with one array parameter, so the statement
         text (and the server's prepared statement) stays the same whatever the count."""
         return col.in_(ids)
+
+    def in_ids_param(self, col: Any, name: str) -> Any:
+        """``col IN (:name)`` with the ids bound at execution, for statements built once and
+        reused (no per-call construction, one compiled form)."""
+        return col.in_(bindparam(name, expanding=True))
 
     @abstractmethod
     def skip_locked(self, stmt: Select[Any]) -> Select[Any]:

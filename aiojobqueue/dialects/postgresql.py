@@ -8,7 +8,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import BigInteger, Select, any_, func, literal, select
+from sqlalchemy import BigInteger, Select, any_, bindparam, func, literal, select
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
@@ -32,6 +32,9 @@ class PostgresOps(DialectOps):
 
     def in_ids(self, col: Any, ids: Sequence[int]) -> Any:
         return col == any_(literal(list(ids), ARRAY(BigInteger)))
+
+    def in_ids_param(self, col: Any, name: str) -> Any:
+        return col == any_(bindparam(name, type_=ARRAY(BigInteger)))
 
     def skip_locked(self, stmt: Select[Any]) -> Select[Any]:
         return stmt.with_for_update(skip_locked=True)
