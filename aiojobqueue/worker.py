@@ -35,6 +35,8 @@ log = logging.getLogger("aiojobqueue.worker")
 T = TypeVar("T")
 #: Prefetch aims to hold about this many seconds of work ahead of the free slots.
 PREFETCH_HORIZON = 0.05
+#: ... and never more than this many times its capacity.
+PREFETCH_MAX = 2
 
 
 @dataclass
@@ -151,14 +153,15 @@ class Worker:
 
     def _prefetch(self) -> int:
         """Extra jobs to lease ahead of free slots: about what this worker starts within
-        PREFETCH_HORIZON at its recent pace, at most ``capacity``; only while the last claim
-        came back full (a backlog to run through: a shallow ready set is left to the other
-        workers). None where a global cap, group cap or limit is counted (a prefetched job
-        would hold a scarce slot idle)."""
+        PREFETCH_HORIZON at its recent pace, at most PREFETCH_MAX x ``capacity``; only while
+        the last claim came back full (a backlog to run through: a shallow ready set is left
+        to the other workers). None where a global cap, group cap or limit is counted (a
+        prefetched job would hold a scarce slot idle)."""
         q = self.q
         if q._needs_gate or q._local_limits or self._avg_run is None or not self._backlog:
             return 0
-        return min(q.capacity, int(q.capacity * PREFETCH_HORIZON / max(self._avg_run, 1e-6)))
+        pace = q.capacity * PREFETCH_HORIZON / max(self._avg_run, 1e-6)
+        return min(PREFETCH_MAX * q.capacity, int(pace))
 
     def _fill(self) -> None:
         """Start prefetched jobs while handler slots are free."""
