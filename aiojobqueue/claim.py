@@ -113,11 +113,18 @@ def _pick_and_lease(q: JobQueue, types: list[str], lease: dict[str, Any], cols: 
     return stmt
 
 
-async def claim(q: JobQueue, conn: AsyncConnection, want: int, types: list[str]) -> list[Claimed]:
-    """Lease up to ``want`` jobs of ``types`` on ``conn`` (inside a write transaction)."""
+async def claim(
+    q: JobQueue, conn: AsyncConnection, want: int, types: list[str], quick: bool = False
+) -> list[Claimed]:
+    """Lease up to ``want`` jobs of ``types`` on ``conn`` (inside a write transaction).
+
+    ``quick``: an idle worker was just woken (a job was enqueued or released): go straight for
+    it. The promotion sweep and the census then run at most once per ``poll_interval`` (a
+    tick) instead of every PROMOTE_EVERY / GROUPS_EVERY."""
     J = q._t.jobs
     now = time.monotonic()
-    if now - q._promoted_at >= min(PROMOTE_EVERY, q.poll_interval):
+    every = q.poll_interval if quick else min(PROMOTE_EVERY, q.poll_interval)
+    if now - q._promoted_at >= every:
         await promote_due(q, conn)
         q._promoted_at = now
     if q._needs_gate:
@@ -149,7 +156,8 @@ async def claim(q: JobQueue, conn: AsyncConnection, want: int, types: list[str])
     # skip the per-group census for a moment. A new group is seen within GROUPS_EVERY, or at
     # once when the known one runs dry.
     cached = (q._single_group is not None and not q.group_limits
-              and now - q._groups_at < min(GROUPS_EVERY, q.poll_interval))
+              and now - q._groups_at < (q.poll_interval if quick
+                                        else min(GROUPS_EVERY, q.poll_interval)))
     for _census in range(2):
         if cached:
             assert q._single_group is not None

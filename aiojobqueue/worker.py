@@ -66,6 +66,7 @@ class Worker:
     _avg_run: float | None = None  # moving average of handler run time, seconds
     _flushing: int = 0
     _backlog: bool = False  # the last claim got all it asked for
+    _poked: bool = False  # a notification arrived since the last round
 
     # -- the loop -------------------------------------------------------------------------
     async def serve(self, until_idle: bool = False) -> None:
@@ -100,13 +101,16 @@ class Worker:
         delay = 0.0
         backoff = 0.0
         while not self.stopping:
+            quick = False
             if delay:
-                await self._sleep_or_wake(delay)
+                # Woken from idle by a notification (an enqueue elsewhere): take it at once.
+                quick = await self._sleep_or_wake(delay) and self._poked and not self.outbox
             else:
                 await asyncio.sleep(0)  # let just-started handlers run: their slots count now
             if self.stopping:
                 break
             self.wake.clear()
+            self._poked = False
             want = q.capacity + self._prefetch() - self._active - len(self.buffer)
             for lim in q._local_limits:
                 want = min(want, await lim.available())
@@ -115,7 +119,7 @@ class Worker:
             if not batch and not want:
                 delay = q.poll_interval  # a finishing job sets `wake`
                 continue
-            write = asyncio.ensure_future(q._write(partial(_cycle, q, batch, want, types)))
+            write = asyncio.ensure_future(q._write(partial(_cycle, q, batch, want, types, quick)))
             try:
                 applied, got = await asyncio.shield(write)
             except asyncio.CancelledError:
@@ -158,7 +162,8 @@ class Worker:
         to the other workers). None where a global cap, group cap or limit is counted (a
         prefetched job would hold a scarce slot idle)."""
         q = self.q
-        if q._needs_gate or q._local_limits or self._avg_run is None or not self._backlog:
+        if (q._needs_gate or q._local_limits or not q._ops.prefetch or self._avg_run is None
+                or not self._backlog):
             return 0
         pace = q.capacity * PREFETCH_HORIZON / max(self._avg_run, 1e-6)
         return min(PREFETCH_MAX * q.capacity, int(pace))
@@ -168,14 +173,19 @@ class Worker:
         while self.buffer and self._active < self.q.capacity and not self.stopping:
             self._start(self.buffer.popleft())
 
-    async def _sleep_or_wake(self, delay: float) -> None:
+    async def _sleep_or_wake(self, delay: float) -> bool:
+        """Sleep up to ``delay``; True if woken before it passed."""
         # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation
         # that lands as the wake-up fires, and serve() would then never stop.
-        with contextlib.suppress(TimeoutError):
+        try:
             async with asyncio.timeout(delay):
                 await self.wake.wait()
+        except TimeoutError:
+            return False
+        return True
 
     def _on_notify(self, _payload: str) -> None:
+        self._poked = True
         self.wake.set()
 
     def _start(self, c: Claimed) -> None:
@@ -400,11 +410,11 @@ class Worker:
 
 
 async def _cycle(
-    q: JobQueue, outcomes: list[Outcome], want: int, types: list[str], conn: Any
+    q: JobQueue, outcomes: list[Outcome], want: int, types: list[str], quick: bool, conn: Any
 ) -> tuple[list[Outcome], list[Claimed]]:
     """One pump round: finalize ``outcomes`` (fenced), then lease up to ``want`` jobs."""
     applied = await q._completer.finish(conn, outcomes) if outcomes else []
-    got = await claim(q, conn, want, types) if want > 0 else []
+    got = await claim(q, conn, want, types, quick) if want > 0 else []
     return applied, got
 
 

@@ -33,6 +33,8 @@ class DialectOps(ABC):
     name: ClassVar[str]
     #: UPDATE ... RETURNING exists (not on MySQL/MariaDB).
     update_returning: ClassVar[bool] = True
+    #: Workers may lease a few jobs ahead of free slots (see Worker._prefetch).
+    prefetch: ClassVar[bool] = True
     #: A lone multi-row INSERT ... RETURNING may run in autocommit (one round trip).
     autocommit_insert: ClassVar[bool] = False
 

@@ -26,6 +26,10 @@ WATCH_EVERY = 0.005
 
 class SQLiteOps(DialectOps):
     name = "sqlite"
+    # One writer at a time: a worker that leases ahead re-takes the write lock round after
+    # round while other processes sit in the busy handler's back-off, so it would end up
+    # hoarding the queue. Rounds stay batched (finalize + claim per commit) without it.
+    prefetch = False
 
     def prepare_engine(self, engine: AsyncEngine) -> AsyncEngine:
         sync_engine = engine.sync_engine
