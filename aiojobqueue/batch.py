@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from .queue import JobQueue
 
 CHUNK = 1000
+MAX_ID = 2**63 - 1  # BIGINT / SQLite INTEGER
 
 
 class UnknownJobError(InvalidJobError, JobNotFoundError):
@@ -216,6 +217,8 @@ class Batch:
             return
         if not _is_int(r) or r < 1:
             raise InvalidJobError(f"not a job id or batch ref: {r!r}")
+        if r > MAX_ID:  # the database would reject it with a driver error
+            raise UnknownJobError(f"unknown job id in depends_on/parent: {r}")
 
     # -- context manager --------------------------------------------------------------------
     async def __aenter__(self) -> Batch:
