@@ -403,6 +403,11 @@ async def test_get_of_unknown_id_raises_lookup_error(queue: JobQueue) -> None:
     assert isinstance(ei.value, LookupError)
     with pytest.raises(LookupError):
         await queue.get(0)
+    # ids no database could hold, or that are not ids at all: typed, never a driver error
+    for bad in ("abc", 2**70, -1, 1.5, None, True):
+        for op in (queue.get, queue.cancel, queue.retry):
+            with pytest.raises(JobNotFoundError):
+                await op(bad)  # type: ignore[arg-type]
 
 
 async def test_priority_then_age_within_a_group(make_queue: Callable[..., JobQueue]) -> None:
