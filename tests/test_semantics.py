@@ -189,6 +189,60 @@ async def test_retry_leaves_a_job_with_another_dead_upstream_cancelled(queue: Jo
     assert rec.order.count("x") == 1 and rec.order.count("y") == 1
 
 
+async def test_failure_rolls_up_through_nested_containers(queue: JobQueue) -> None:
+    rec = Recorder(queue)
+    rec.fail.add("bad")
+    async with queue.batch() as b:
+        outer = b.container("outer")
+        inner = b.container("inner", parent=outer)
+        bad = b.add(*step("bad"), parent=inner)
+        sib = b.add(*step("sib"), parent=inner, depends_on=[bad])
+        fine = b.add(*step("fine"), parent=outer)
+        after = b.add(*step("after"), depends_on=[outer])
+    await queue.run_until_idle()
+    assert await states(queue, bad.id, sib.id, inner.id, fine.id, outer.id, after.id) == [
+        F, C, F, D, F, C]
+    assert (await queue.get(after.id)).error == {
+        "type": "UpstreamFailed", "message": f"upstream {outer.id} failed"}
+
+
+async def test_retry_of_a_container_retries_what_made_it_fail(queue: JobQueue) -> None:
+    rec = Recorder(queue)
+    rec.fail.add("c1")
+    async with queue.batch() as b:
+        box = b.container("box")
+        c1 = b.add(*step("c1"), parent=box)
+        c2 = b.add(*step("c2"), parent=box)
+        after = b.add(*step("after"), depends_on=[box])
+    await queue.run_until_idle()
+    assert await states(queue, c1.id, c2.id, box.id, after.id) == [F, D, F, C]
+    rec.fail.clear()
+    await queue.retry(box.id)
+    await queue.run_until_idle()
+    assert await states(queue, c1.id, c2.id, box.id, after.id) == [D, D, D, D]
+    assert rec.order.count("c2") == 1  # a done child is not run again
+
+
+async def test_retry_of_one_child_does_not_revive_its_failed_siblings(queue: JobQueue) -> None:
+    rec = Recorder(queue)
+    rec.fail |= {"c1", "c2"}
+    async with queue.batch() as b:
+        box = b.container("box")
+        c1 = b.add(*step("c1"), parent=box)
+        c2 = b.add(*step("c2"), parent=box)
+        after = b.add(*step("after"), depends_on=[box])
+    await queue.run_until_idle()
+    assert await states(queue, c1.id, c2.id, box.id, after.id) == [F, F, F, C]
+    rec.fail.clear()
+    await queue.retry(c1.id)  # the box reopens with c1, but c2 stays failed ...
+    await queue.run_until_idle()
+    assert await states(queue, c1.id, c2.id, box.id, after.id) == [D, F, F, C]
+    await queue.retry(c2.id)  # ... until it is retried too
+    await queue.run_until_idle()
+    assert await states(queue, c1.id, c2.id, box.id, after.id) == [D, D, D, D]
+    assert rec.order.count("after") == 1
+
+
 async def test_cancel_waiting_and_ready_jobs_propagates(queue: JobQueue) -> None:
     rec = Recorder(queue)
     async with queue.batch() as b:
