@@ -372,6 +372,35 @@ async def test_handlers_extend_the_dag_at_run_time(queue: JobQueue) -> None:
     assert await queue._read(merged) == sum(i * i for i in range(5))
 
 
+async def test_handler_grows_its_own_container(queue: JobQueue) -> None:
+    """A running child adds a sibling to its container and a job that waits for itself:
+    the container (and what depends on it) waits for the newcomers."""
+    times: dict[str, float] = {}
+
+    @queue.handler("grow")
+    async def grow(ctx: JobContext) -> None:
+        assert ctx.parent_id is not None
+        await ctx.enqueue("leaf", {"name": "sibling"}, parent=ctx.parent_id)
+        await ctx.enqueue("leaf", {"name": "follower"}, depends_on=[ctx.job_id],
+                          parent=ctx.parent_id)
+        times["grow"] = time.monotonic()
+
+    @queue.handler("leaf")
+    async def leaf(ctx: JobContext, name: str) -> None:
+        times[name + ".start"] = time.monotonic()
+        await asyncio.sleep(0.05)
+        times[name] = time.monotonic()
+
+    async with queue.batch() as b:
+        box = b.container("box")
+        b.add("grow", parent=box)
+        b.add("leaf", {"name": "after"}, depends_on=[box])
+    await queue.run_until_idle()
+    assert (await queue.get(box.id)).state == D
+    assert times["after.start"] >= max(times["sibling"], times["follower"])
+    assert times["follower.start"] >= times["grow"]
+
+
 async def test_dependency_results_maps_ids_to_results(queue: JobQueue) -> None:
     got: dict[int, Any] = {}
 
