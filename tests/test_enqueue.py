@@ -276,7 +276,7 @@ async def test_run_after_is_not_claimed_before_its_time(
         finally:
             server.cancel()
             await asyncio.gather(server, return_exceptions=True)
-        assert seen["now"] - t0 < 1.0
+        assert seen["now"] < seen["at"] < seen["later"]
         assert seen["at"] - t0 >= 0.9
         assert seen["later"] - t0 >= 1.4
         job = await q.get(later)
