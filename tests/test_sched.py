@@ -195,3 +195,20 @@ def test_custom_limit_example_runs() -> None:
                        timeout=120)
     assert r.returncode == 0, r.stderr
     assert "at most 2 jobs ran at once" in r.stdout
+
+
+def test_bad_limits_are_rejected() -> None:
+    import pytest
+
+    from aiojobqueue import ConfigurationError, RateLimit
+
+    for kw in ({"n": 0}, {"n": 1.5}, {"n": True}, {"n": 1, "per": 0}, {"n": 1, "per": float("inf")},
+               {"n": 1, "name": ""}):
+        with pytest.raises(ConfigurationError):
+            RateLimit(**kw)  # type: ignore[arg-type]
+    url = "sqlite+aiosqlite:///unused.db"
+    with pytest.raises(ConfigurationError):
+        JobQueue(url, limits=[RateLimit(5), RateLimit(10, per=60)])  # one ledger, two rules
+    with pytest.raises(ConfigurationError):
+        JobQueue(url, limits=[object()])  # type: ignore[list-item]
+    JobQueue(url, limits=[RateLimit(5), RateLimit(10, per=60, name="hourly")])
