@@ -92,7 +92,7 @@ async def test_one_job_per_slot_across_three_processes(
         procs = [spawn(db_url, q.prefix, log, "--every", "1.0") for _ in range(3)]
         try:
             await asyncio.to_thread(wait_ready, procs)
-            await asyncio.sleep(5.5)
+            await asyncio.sleep(6.0)
         finally:
             await asyncio.to_thread(stop, procs)
         J = q._t.jobs

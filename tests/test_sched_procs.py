@@ -195,7 +195,9 @@ async def test_fair_share_3_1_1_across_processes(
     lo, hi = t0 + 1.0, t0 + 5.0
     starts = Counter(r["group"] for r in rows if lo <= r["start"] < hi)
     total = sum(starts.values())
-    print("fair share starts in window:", dict(starts))
+    busy = sum(max(0.0, min(r["end"], hi) - max(r["start"], lo)) for r in rows)
+    print("fair share starts in window:", dict(starts),
+          f"slot utilization {busy / (10 * (hi - lo)):.0%}")
     assert total >= 40, starts
     for g, w in (("heavy", 3), ("light1", 1), ("light2", 1)):
         share, want = starts[g] / total, w / 5
