@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -14,6 +15,8 @@ from .timeutil import utcnow_plus
 
 if TYPE_CHECKING:
     from .queue import JobQueue
+
+log = logging.getLogger("aiojobqueue.limits")
 
 
 class Limit:
@@ -94,3 +97,25 @@ def check_limits(limits: Iterable[object]) -> None:
                 raise ConfigurationError(
                     f"two RateLimits named {lim.name!r}: give each a distinct name=")
             names.add(lim.name)
+
+
+async def local_budget(limits: Iterable[Limit], free: int) -> int:
+    """``free`` lowered to what every limit allows now. A limit that raises (or answers
+    nonsense) allows nothing this tick: fail closed, log it, and keep serving."""
+    for lim in limits:
+        try:
+            n = await lim.available()
+            free = min(free, max(int(n), 0))
+        except Exception:
+            log.exception("limit %r failed in available(); starting nothing this tick", lim)
+            return 0
+    return free
+
+
+def notify(limits: Iterable[Limit], event: str, job_type: str, group: str) -> None:
+    """Call ``on_start``/``on_finish`` on every limit; one that raises is logged, not fatal."""
+    for lim in limits:
+        try:
+            getattr(lim, event)(job_type, group)
+        except Exception:
+            log.exception("limit %r failed in %s()", lim, event)
