@@ -99,9 +99,8 @@ async def test_claim_uses_the_ready_index(make_queue: Callable[..., JobQueue], d
             await conn.execute(text(analyze))
             await conn.commit()
         selects = await _claim_selects(q)
-        # the per-group pick (the group-discovery query also orders a LIMIT-1 probe that way)
-        pick = [s for s in selects if s[0].lstrip().startswith(f"SELECT {J.name}.id")
-                and "priority DESC" in s[0]]
+        pick = [s for s in selects  # the per-group pick (group discovery is a separate SELECT)
+                if s[0].lstrip().startswith(f"SELECT {J.name}.id") and "priority DESC" in s[0]]
         assert len(pick) == 1, selects
         stmt, params = pick[0]
         plans: list[str] = []
