@@ -456,7 +456,11 @@ class Worker:
                 await asyncio.wait(pending, timeout=5.0)
         deadline = time.monotonic() + max(self.q.shutdown_timeout, 5.0)
         delay = 0.05
-        while self.outbox and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            async with self.flush_lock:  # a write the flusher has in flight must land first
+                pass
+            if not self.outbox:
+                break
             if not await self._flush():
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
