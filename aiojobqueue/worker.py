@@ -203,7 +203,8 @@ class Worker:
             if not batch:
                 return True
             try:
-                applied = await q._write(partial(_finish, q, outcomes=batch))
+                # retries=0: a retry inside _write would hide a commit whose answer was lost
+                applied = await q._write(partial(_finish, q, outcomes=batch), retries=0)
             except Exception as exc:
                 self.outbox = batch + self.outbox
                 if self._retryable(exc):
