@@ -191,7 +191,9 @@ class Worker:
                 delay = 0.05
                 continue
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            # short: once the database is back, a lease that expired during the outage is up
+            # for grabs by other workers' reclaimers, so the outcome must land quickly
+            delay = min(delay * 2, self.q.heartbeat_interval)
             self.outbox_event.set()
 
     async def _flush(self) -> bool:
@@ -310,6 +312,8 @@ class Worker:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, q.heartbeat_interval)
                 continue
+            if delay > 0.1 and self.outbox:
+                self.outbox_event.set()  # the database is back: finalize now
             delay = 0.1
             self.beat_ok_at = t0
             for jid, attempt in mine.items():
@@ -419,7 +423,10 @@ class Worker:
             async def sweep(conn: Any) -> int:
                 rows = (await conn.execute(q._ops.skip_locked(
                     select(J.c.id, J.c.attempts, J.c.lease_owner)
-                    .where(J.c.state == lit(S.RUNNING), J.c.lease_expires < db_now())
+                    # Never our own: we renew what we run, flush what we ran (after an outage
+                    # the outcome may still be queued here) and release orphans ourselves.
+                    .where(J.c.state == lit(S.RUNNING), J.c.lease_expires < db_now(),
+                           J.c.lease_owner != q.worker_id)
                     .order_by(J.c.id).limit(500)
                 ))).all()
                 outs = [
