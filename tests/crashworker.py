@@ -13,7 +13,7 @@ Handlers (args in brackets):
   block [seconds, on_attempt=1]  time.sleep (blocks the event loop) on that attempt only
   die_after_end            returns, but the process is SIGKILLed before it can finalize
                            (attempt 1 only)
-  chaos [ms]               sleep ms milliseconds; records its dependencies' results
+  chaos [ms]               sleep ms milliseconds; returns its dependencies' (job, attempt)
 """
 
 from __future__ import annotations
@@ -89,9 +89,9 @@ def build(args: argparse.Namespace) -> JobQueue:
         return result(ctx)
 
     @q.handler("chaos")
-    async def chaos(ctx: JobContext, ms: int, deps: list[int]) -> dict[str, Any]:
+    async def chaos(ctx: JobContext, ms: int) -> dict[str, Any]:
         event("start", job=ctx.job_id, attempt=ctx.attempt)
-        got = await ctx.dependency_results() if deps else {}
+        got = await ctx.dependency_results()
         await asyncio.sleep(ms / 1000)
         event("end", job=ctx.job_id, attempt=ctx.attempt)
         return result(ctx, deps={str(k): [v["job"], v["attempt"]] for k, v in got.items()})
