@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.sql.compiler import InsertmanyvaluesSentinelOpts
 
 from . import schema as S
 from .errors import (
@@ -416,7 +417,8 @@ async def insert_specs(
     # containers that start active with no children are finished at once (roll-up).
     empty = [s.ref.id for s in fresh if s.is_container and s.state == S.ACTIVE]
     if empty:
-        await q._completer.rollup(conn, empty)
+        # finished at once: release what waits on them (and roll up their parents) too
+        await q._completer.settle(conn, await q._completer.rollup(conn, empty))
     if any_ready:
         await q._ops.notify(conn)
     return [s.ref.id for s in specs], any_ready
@@ -425,14 +427,29 @@ async def insert_specs(
 async def _insert_rows(q: JobQueue, conn: AsyncConnection, rows: list[dict[str, Any]]) -> list[int]:
     J = q._t.jobs
     out: list[int] = []
-    d = conn.dialect
-    if (d.insert_returning and d.insert_executemany_returning_sort_by_parameter_order
-            and not q._force_insert_fallback):
+    dialect = conn.dialect
+    ordered = dialect.insert_executemany_returning_sort_by_parameter_order and bool(
+        dialect.insertmanyvalues_implicit_sentinel & InsertmanyvaluesSentinelOpts.ANY_AUTOINCREMENT
+    )
+    if dialect.insert_returning and ordered and not q._force_insert_fallback:
         for i in range(0, len(rows), CHUNK * 5):
             res = await conn.execute(
                 insert(J).returning(J.c.id, sort_by_parameter_order=True), rows[i : i + CHUNK * 5]
             )
             out.extend(r[0] for r in res.all())
+        return out
+    if dialect.insert_returning and not q._force_insert_fallback:
+        # SQLite: without an implicit sentinel SQLAlchemy would send ordered RETURNING one row
+        # per statement. One multi-row INSERT under the write lock numbers its rows upwards
+        # in VALUES order, so the sorted returned ids are the rows' ids in order.
+        size = max(1, min(CHUNK, dialect.insertmanyvalues_max_parameters // max(len(rows[0]), 1)))
+        for i in range(0, len(rows), size):
+            chunk = rows[i : i + size]
+            res = await conn.execute(insert(J).values(chunk).returning(J.c.id))
+            got = sorted(r[0] for r in res.all())
+            if len(got) != len(chunk):  # pragma: no cover - defensive
+                raise RuntimeError("multi-row INSERT returned the wrong number of ids")
+            out.extend(got)
         return out
     # MySQL 8 has no INSERT ... RETURNING, and with innodb_autoinc_lock_mode=2 a multi-row
     # INSERT's ids are increasing but not guaranteed consecutive. So tag the rows with a token in
