@@ -454,17 +454,32 @@ class Worker:
         Flushes outcomes itself (the flusher may already be gone if a side loop crashed) and
         finally releases any lease this worker holds without running the job."""
         self.stopping = True
-        tasks = [r.task for r in self.running.values()]
-        if tasks:
-            log.info("shutting down: waiting up to %ss for %d job(s)", self.q.shutdown_timeout,
-                     len(tasks))
-            _, pending = await asyncio.wait(tasks, timeout=self.q.shutdown_timeout)
-            for jid, r in list(self.running.items()):
-                if r.task in pending:
+        q = self.q
+        if self.running:
+            log.info("shutting down: waiting up to %ss for %d job(s)", q.shutdown_timeout,
+                     len(self.running))
+        end = time.monotonic() + q.shutdown_timeout
+        while True:
+            live = [(jid, r) for jid, r in self.running.items() if not r.task.done()]
+            now = time.monotonic()
+            if not live or now >= end:
+                break
+            # If the heartbeat is gone (a side loop crashed), leases are not renewed while we
+            # wait: stop a job before its lease could expire rather than at shutdown_timeout.
+            for jid, r in live:
+                if now > r.renewed_at + q.lease_ttl - self.margin:
                     self.reasons.setdefault((jid, r.claimed.attempt), "shutdown")
                     r.task.cancel()
-            if pending:
-                await asyncio.wait(pending, timeout=5.0)
+            await asyncio.wait([r.task for _, r in live],
+                               timeout=min(end - now, q.heartbeat_interval / 2))
+        pending = []
+        for jid, r in list(self.running.items()):
+            if not r.task.done():
+                self.reasons.setdefault((jid, r.claimed.attempt), "shutdown")
+                r.task.cancel()
+                pending.append(r.task)
+        if pending:
+            await asyncio.wait(pending, timeout=5.0)
         deadline = time.monotonic() + max(self.q.shutdown_timeout, 5.0)
         delay = 0.05
         while time.monotonic() < deadline:
