@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 
 from . import schema as S
@@ -215,7 +215,7 @@ class JobQueue:
             try:
                 async with self.engine.begin() as conn:
                     return await fn(conn)
-            except (DBAPIError, OSError) as exc:
+            except Exception as exc:  # drivers may raise unwrapped errors: ask the dialect
                 if attempt == retries or not self._ops.is_transient(exc):
                     raise
                 await asyncio.sleep(delay * (1 + random.random()))
