@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 
 from . import schema as S
@@ -29,7 +29,7 @@ from .errors import (
 )
 from .executor import Handler, HandlerSpec
 from .hooks import Hooks
-from .limits import Limit, RateLimit
+from .limits import Limit, RateLimit, check_limits
 from .models import Job, JobState
 from .periodic import Schedule, make_schedule
 from .worker import Worker
@@ -86,6 +86,7 @@ class JobQueue:
         self.concurrency = concurrency
         self.capacity = capacity
         self.limits = list(limits)
+        check_limits(self.limits)
         self.group_limits = dict(group_limits or {})
         self.lease_ttl = float(lease_ttl)
         self.heartbeat_interval = float(heartbeat_interval)
@@ -153,9 +154,9 @@ class JobQueue:
         """
         if name in self._schedules:
             raise ConfigurationError(f"a schedule named {name!r} is already registered")
-        self._schedules[name] = make_schedule(
-            name, type=type, args=args, every=every, cron=cron, **options
-        )
+        sched = make_schedule(name, type=type, args=args, every=every, cron=cron, **options)
+        self.batch().add(sched.type, sched.args, **sched.options)  # bad options fail now
+        self._schedules[name] = sched
 
     def on(self, event: str, fn: Callable[..., Any]) -> None:
         """Call ``fn`` on a lifecycle event: start, done, failed, cancelled, released."""
@@ -214,7 +215,7 @@ class JobQueue:
             try:
                 async with self.engine.begin() as conn:
                     return await fn(conn)
-            except (DBAPIError, OSError) as exc:
+            except Exception as exc:  # drivers may raise unwrapped errors: ask the dialect
                 if attempt == retries or not self._ops.is_transient(exc):
                     raise
                 await asyncio.sleep(delay * (1 + random.random()))
