@@ -448,6 +448,13 @@ class Worker:
             await asyncio.sleep(min(q.lease_ttl / 4, max(q.poll_interval, 0.05) * 5))
 
     # -- shutdown and idleness ------------------------------------------------------------
+    def hurry(self) -> None:
+        """Shutting down: stop waiting for running jobs; cancel and release them now."""
+        for jid, r in self.running.items():
+            if self.stopping and not r.task.done():
+                self.reasons.setdefault((jid, r.claimed.attempt), "shutdown")
+                r.task.cancel()
+
     async def _drain(self) -> None:
         """Stop claiming; give running jobs shutdown_timeout; then cancel and release them.
 
