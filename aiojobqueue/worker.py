@@ -242,7 +242,9 @@ class Worker:
             q._local_done.set()
             q._local_done = asyncio.Event()
             self.wake.set()
-            if not self.outbox:
+            if self.outbox:
+                self.outbox_event.set()  # a partial batch (one by one): go on with the rest
+            else:
                 self.flushed.set()
             return True
 
