@@ -24,6 +24,7 @@ from . import schema as S
 from .claim import Claimed, claim
 from .completer import Outcome, lit
 from .executor import Reasons, run_attempt
+from .limits import local_budget, notify
 from .periodic import run_schedules
 from .timeutil import db_now, utcnow_plus
 
@@ -111,8 +112,7 @@ class Worker:
                 await self._sleep_or_wake(delay)
             self.wake.clear()
             free = q.capacity - len(self.running)
-            for lim in q._local_limits:
-                free = min(free, await lim.available())
+            free = await local_budget(q._local_limits, free)
             got: list[Claimed] = []
             # No new leases while this worker cannot renew the ones it has.
             if free > 0 and types and self._leases_healthy():
@@ -155,8 +155,7 @@ class Worker:
 
     def _start(self, c: Claimed, leased_at: float) -> None:
         self.claims += 1
-        for lim in self.q._local_limits:
-            lim.on_start(c.type, c.group)
+        notify(self.q._local_limits, "on_start", c.type, c.group)
         task = asyncio.create_task(self._run(c), name=f"ajq-job-{c.id}")
         self.running[c.id] = _Running(c, task, leased_at)
         self.q._hooks.emit("start", c)
@@ -177,8 +176,7 @@ class Worker:
         if r is not None and r.claimed.attempt == c.attempt:
             del self.running[c.id]
         self.reasons.pop((c.id, c.attempt), None)
-        for lim in self.q._local_limits:
-            lim.on_finish(c.type, c.group)
+        notify(self.q._local_limits, "on_finish", c.type, c.group)
         self.wake.set()
 
     # -- completions ----------------------------------------------------------------------
