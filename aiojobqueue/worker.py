@@ -154,6 +154,12 @@ class Worker:
         self.wake.set()
 
     def _start(self, c: Claimed, leased_at: float) -> None:
+        old = self.running.get(c.id)
+        if old is not None and not old.task.done():
+            # our earlier attempt was reclaimed (we were too slow to renew) and we claimed the
+            # job again before the heartbeat noticed: the old attempt must not run on
+            self.reasons.setdefault((c.id, old.claimed.attempt), "lost")
+            old.task.cancel()
         self.claims += 1
         notify(self.q._local_limits, "on_start", c.type, c.group)
         task = asyncio.create_task(self._run(c), name=f"ajq-job-{c.id}")
