@@ -97,3 +97,30 @@ async def test_sigint_and_a_second_signal_release_at_once(
         await fleet.wait_for("released", job=jid, pid=a.pid)
         job = await q.get(jid)
         assert job.state == JobState.READY and job.lease_owner is None and job.attempts == 1
+
+
+async def test_cancel_requested_just_before_shutdown_is_not_lost(
+    make_queue: Callable[..., JobQueue],
+) -> None:
+    """cancel() lands, then the worker shuts down before its heartbeat saw the request: the
+    release must not turn the job runnable again (the next claim would clear the flag)."""
+    q = make_queue(lease_ttl=20.0, heartbeat_interval=5.0, shutdown_timeout=0.1)
+    started = asyncio.Event()
+
+    @q.handler("forever")
+    async def forever(ctx: JobContext) -> None:
+        started.set()
+        await asyncio.sleep(3600)
+
+    async with q:
+        jid = await q.enqueue("forever", {})
+        dep = await q.enqueue("forever", {}, depends_on=[jid])
+        serving = asyncio.create_task(q.serve())
+        await asyncio.wait_for(started.wait(), 20)
+        await asyncio.sleep(0.2)  # past the first heartbeat; the next one is 5 s away
+        await q.cancel(jid)
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        job = await q.get(jid)
+        assert job.state == JobState.CANCELLED, job
+        assert (await q.get(dep)).state == JobState.CANCELLED
