@@ -12,9 +12,11 @@ from .errors import (
     JobFailed,
     JobNotFoundError,
     NotJSONError,
+    SchemaError,
     UnsupportedDatabaseError,
 )
 from .executor import JobContext, LeaseLostError
+from .hooks import JobEvent
 from .limits import Limit, RateLimit
 from .models import Job, JobState
 from .queue import JobQueue
@@ -31,6 +33,7 @@ __all__ = [
     "Job",
     "JobCancelled",
     "JobContext",
+    "JobEvent",
     "JobFailed",
     "JobNotFoundError",
     "JobQueue",
@@ -40,6 +43,7 @@ __all__ = [
     "Limit",
     "NotJSONError",
     "RateLimit",
+    "SchemaError",
     "UnsupportedDatabaseError",
     "metadata",
 ]

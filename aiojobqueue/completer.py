@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import and_, case, func, literal_column, select, tuple_, update
@@ -33,7 +33,11 @@ def lit(state: str) -> Any:
 
 @dataclass(frozen=True)
 class Outcome:
-    """How one attempt ended. ``kind``: done | failed | cancelled | released."""
+    """How one attempt ended. ``kind``: done | failed | cancelled | released.
+
+    ``finish()`` returns the outcomes that took effect with ``kind`` set to what actually
+    happened: ``retry`` (failed, will run again after ``retry_in`` seconds) or ``failed``
+    (for good); ``cancelled`` also when a failure met a cancel request."""
 
     job_id: int
     attempt: int
@@ -43,6 +47,8 @@ class Outcome:
     error: dict[str, Any] | None = None
     #: False: fail for good now (e.g. non-retryable), regardless of attempts left.
     retryable: bool = True
+    #: Set by finish() on a ``retry``: the backoff delay in seconds.
+    retry_in: float | None = None
 
 
 class Completer:
@@ -80,16 +86,19 @@ class Completer:
         done_rows = []
         now = db_now()
         cleared = {"lease_owner": None, "lease_expires": None}
+        effective: list[Outcome] = []  # what actually happened, for hooks and logs
         for o in applied:
             row = held[o.job_id]
             kind = o.kind
             if kind == "failed" and row.cancel_requested:
                 kind = "cancelled"
+            retry_in: float | None = None
             if kind == "done":
                 done_rows.append({"i": o.job_id, "r": o.result})
             elif kind == "failed":
                 if o.retryable and row.attempts < row.attempt_limit:
                     delay = backoff(row.attempts, self.q.retry_backoff, self.q.retry_backoff_max)
+                    kind, retry_in = "retry", delay
                     await conn.execute(
                         update(J).where(J.c.id == o.job_id).values(
                             state=S.SCHEDULED, error=o.error, run_after=utcnow_plus(delay),
@@ -121,6 +130,7 @@ class Completer:
                 )
             else:  # pragma: no cover - programming error
                 raise ValueError(kind)
+            effective.append(replace(o, kind=kind, retry_in=retry_in))
         if done_rows:
             from sqlalchemy import bindparam
 
@@ -134,7 +144,7 @@ class Completer:
             finished.extend((r["i"], S.DONE) for r in done_rows)
         if finished:
             await self.settle(conn, finished)
-        return applied
+        return effective
 
     # -- consequences ---------------------------------------------------------------------
     async def settle(self, conn: AsyncConnection, finished: Iterable[tuple[int, str]]) -> None:

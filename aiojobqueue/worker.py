@@ -24,12 +24,15 @@ from . import schema as S
 from .claim import Claimed, claim
 from .completer import Outcome, lit
 from .executor import run_attempt
+from .hooks import JobEvent
 from .timeutil import db_now, utcnow_plus
 
 if TYPE_CHECKING:
     from .queue import JobQueue
 
 log = logging.getLogger("aiojobqueue.worker")
+#: One record per attempt start/end; silence it alone to keep warnings but not per-job lines.
+jlog = logging.getLogger("aiojobqueue.jobs")
 T = TypeVar("T")
 
 
@@ -38,6 +41,7 @@ class _Running:
     claimed: Claimed
     task: asyncio.Task[None]
     outcome_queued: bool = False
+    started: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -119,7 +123,10 @@ class Worker:
             lim.on_start(c.type, c.group)
         task = asyncio.create_task(self._run(c), name=f"ajq-job-{c.id}")
         self.running[c.id] = _Running(c, task)
-        self.q._hooks.emit("start", c)
+        ev = JobEvent("start", c.id, c.type, c.group, c.attempt, self.q.worker_id)
+        jlog.debug("job %s (%s) attempt %s started", c.id, c.type, c.attempt,
+                   extra=ev.log_extra())
+        self.q._hooks.emit(ev)
 
     async def _run(self, c: Claimed) -> None:
         outcome = await run_attempt(self.q, c, self.reasons)
@@ -160,16 +167,25 @@ class Worker:
                 delay = min(delay * 2, 5.0)
                 self.outbox_event.set()
                 continue
-            ok = {(o.job_id, o.attempt) for o in applied}
+            ok = {(o.job_id, o.attempt): o for o in applied}
             for o in batch:
                 r = self.running.get(o.job_id)
-                c = r.claimed if r is not None else None
-                if (o.job_id, o.attempt) not in ok:
+                if r is not None and r.claimed.attempt == o.attempt:
+                    self._forget(r.claimed)
+                    c = r.claimed
+                    eff = ok.get((o.job_id, o.attempt))
+                    ev = JobEvent(
+                        eff.kind if eff is not None else "discarded", c.id, c.type, c.group,
+                        c.attempt, q.worker_id, duration=time.monotonic() - r.started,
+                        error=o.error, retry_in=eff.retry_in if eff is not None else None,
+                    )
+                    report(ev)
+                    q._hooks.emit(ev)
+                elif (o.job_id, o.attempt) not in ok:
                     log.warning("job %s attempt %s: outcome discarded, lease no longer held",
-                                o.job_id, o.attempt)
-                if c is not None and c.attempt == o.attempt:
-                    self._forget(c)
-                    q._hooks.emit(o.kind if (o.job_id, o.attempt) in ok else "discarded", c, o)
+                                o.job_id, o.attempt, extra={"job_id": o.job_id,
+                                                            "attempt": o.attempt,
+                                                            "worker": q.worker_id})
             q._local_done.set()
             q._local_done = asyncio.Event()
             self.wake.set()
@@ -217,11 +233,13 @@ class Worker:
                 if any(o.job_id == jid for o in self.outbox):
                     continue  # finished; its outcome is on the way
                 if h is None or h.attempts != attempt:
-                    log.warning("job %s attempt %s lost its lease; stopping it", jid, attempt)
+                    log.warning("job %s attempt %s lost its lease; stopping it", jid, attempt,
+                                extra=_extra(q, r.claimed))
                     self.reasons[jid] = "lost"
                     r.task.cancel()
                 elif h.cancel_requested:
-                    log.info("job %s cancel requested; stopping it", jid)
+                    log.info("job %s cancel requested; stopping it", jid,
+                             extra=_extra(q, r.claimed))
                     self.reasons[jid] = "cancel"
                     r.task.cancel()
             await asyncio.sleep(q.heartbeat_interval)
@@ -231,9 +249,9 @@ class Worker:
         q = self.q
         J = q._t.jobs
         while True:
-            async def sweep(conn: Any) -> int:
+            async def sweep(conn: Any) -> list[JobEvent]:
                 rows = (await conn.execute(q._ops.skip_locked(
-                    select(J.c.id, J.c.attempts, J.c.lease_owner)
+                    select(J.c.id, J.c.attempts, J.c.lease_owner, J.c.type, J.c.group_key)
                     .where(J.c.state == lit(S.RUNNING), J.c.lease_expires < db_now())
                     .order_by(J.c.id).limit(500)
                 ))).all()
@@ -244,11 +262,20 @@ class Worker:
                                    f"(died or froze); attempt {r.attempts} counted as failed"})
                     for r in rows
                 ]
-                return len(await q._completer.finish(conn, outs))
+                info = {r.id: r for r in rows}
+                return [
+                    JobEvent(o.kind, o.job_id, info[o.job_id].type, info[o.job_id].group_key,
+                             o.attempt, o.owner, error=o.error, retry_in=o.retry_in,
+                             reclaimed=True)
+                    for o in await q._completer.finish(conn, outs)
+                ]
 
-            n = await q._write(sweep)
-            if n:
-                log.warning("reclaimed %d job(s) with expired leases", n)
+            events = await q._write(sweep)
+            if events:
+                log.warning("reclaimed %d job(s) with expired leases", len(events))
+                for ev in events:
+                    report(ev)
+                    q._hooks.emit(ev)
                 self.wake.set()
             await asyncio.sleep(min(q.lease_ttl / 4, max(q.poll_interval, 0.05) * 5))
 
@@ -316,6 +343,31 @@ async def _claim(q: JobQueue, conn: Any, *, want: int, types: list[str]) -> list
 
 async def _finish(q: JobQueue, conn: Any, *, outcomes: list[Outcome]) -> list[Outcome]:
     return await q._completer.finish(conn, outcomes)
+
+
+def _extra(q: JobQueue, c: Claimed) -> dict[str, Any]:
+    return {"job_id": c.id, "job_type": c.type, "attempt": c.attempt, "worker": q.worker_id,
+            "group": c.group}
+
+
+def report(ev: JobEvent) -> None:
+    """Log how an attempt ended: one record, with the job fields as ``extra``."""
+    x = ev.log_extra()
+    took = f" in {ev.duration:.2f}s" if ev.duration is not None else ""
+    err = ev.error or {}
+    why = f"{err.get('type', '?')}: {err.get('message', '')}"
+    head = f"job {ev.job_id} ({ev.type}) attempt {ev.attempt}"
+    if ev.event == "done":
+        jlog.info("%s done%s", head, took, extra=x)
+    elif ev.event == "retry":
+        jlog.warning("%s failed%s (%s); retry in %.1fs", head, took, why, ev.retry_in or 0.0,
+                     extra=x)
+    elif ev.event == "failed":
+        jlog.error("%s failed for good%s (%s)", head, took, why, extra=x)
+    elif ev.event == "discarded":
+        jlog.warning("%s: outcome discarded, lease no longer held", head, extra=x)
+    else:
+        jlog.info("%s %s%s", head, ev.event, took, extra=x)
 
 
 def _is_db_error(exc: BaseException) -> bool:
