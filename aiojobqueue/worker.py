@@ -64,22 +64,37 @@ class Worker:
         q = self.q
         self.idle_exit = until_idle
         self.stopping = False
-        async with asyncio.TaskGroup() as tg:
-            side = [
-                tg.create_task(self._resilient("heartbeat", self._heartbeat_loop)),
-                tg.create_task(self._flusher()),
-                tg.create_task(self._resilient("reclaim", self._reclaim_loop)),
-            ]
-            listener = q._ops.listener(q.engine)
-            if listener is not None and not until_idle:
-                side.append(tg.create_task(
-                    self._resilient("listen", lambda: listener.run(self._on_notify))))
-            try:
-                await self._tick_loop()
-            finally:
-                await self._drain()
-                for t in side:  # side loops end with the tick loop
-                    t.cancel()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                side = [
+                    tg.create_task(self._resilient("heartbeat", self._heartbeat_loop)),
+                    tg.create_task(self._flusher()),
+                    tg.create_task(self._resilient("reclaim", self._reclaim_loop)),
+                ]
+                listener = q._ops.listener(q.engine)
+                if listener is not None and not until_idle:
+                    side.append(tg.create_task(
+                        self._resilient("listen", lambda: listener.run(self._on_notify))))
+                try:
+                    await self._tick_loop()
+                finally:
+                    await self._drain()
+                    for t in side:  # side loops end with the tick loop
+                        t.cancel()
+        finally:
+            await self._deregister()
+
+    async def _deregister(self) -> None:
+        """Leave the worker registry on a clean exit, so ``status`` lists live workers only
+        (a worker that dies stays there, its last heartbeat getting older)."""
+        W = self.q._t.workers
+        try:
+            async with asyncio.timeout(5.0):
+                await self.q._write(
+                    lambda conn: conn.execute(W.delete().where(W.c.id == self.q.worker_id)),
+                    retries=2)
+        except Exception as exc:  # best effort: the row only ages
+            log.debug("could not deregister worker %s: %s", self.q.worker_id, exc)
 
     async def _tick_loop(self) -> None:
         q = self.q
