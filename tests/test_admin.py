@@ -13,6 +13,7 @@ from conftest import eventually
 
 from aiojobqueue import JobEvent, JobNotFoundError, JobQueue, JobState, SchemaError, admin
 from aiojobqueue.errors import InvalidJobError
+from aiojobqueue.timeutil import utcnow_plus
 
 
 async def serve_until_registered(q: JobQueue) -> None:
@@ -20,7 +21,8 @@ async def serve_until_registered(q: JobQueue) -> None:
     task = asyncio.create_task(q.serve())
 
     async def seen() -> bool:
-        return any(w.id == q.worker_id for w in (await admin.status(q)).workers)
+        st = await admin.status(q)
+        return [w.id for w in st.workers] == [q.worker_id] and st.workers[0].seen_ago < 60
 
     try:
         await eventually(seen, timeout=15)
@@ -28,6 +30,18 @@ async def serve_until_registered(q: JobQueue) -> None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def add_dead_worker(q: JobQueue, name: str, seen_ago: float) -> None:
+    """A registry row as a worker that died ``seen_ago`` seconds ago leaves it."""
+    W = q._t.workers
+
+    async def ins(conn: Any) -> None:
+        await conn.execute(W.insert().values(
+            id=name, host="gone", pid=1, started_at=utcnow_plus(-seen_ago - 10),
+            last_seen=utcnow_plus(-seen_ago), running=2))
+
+    await q._write(ins)
 
 
 async def test_status_counts_groups_ages_and_workers(queue: JobQueue) -> None:
@@ -55,9 +69,13 @@ async def test_status_counts_groups_ages_and_workers(queue: JobQueue) -> None:
     assert st.containers == {"active": 1}
     assert by["b"].oldest_ready_age is not None and 0 <= by["b"].oldest_ready_age < 60
     assert st.oldest_ready_age is not None
-    assert [w.id for w in st.workers] == [queue.worker_id]
-    assert st.stale_workers == 0
-    assert (await admin.status(queue, recent=-1)).stale_workers == 1
+    assert st.workers == [] and st.stale_workers == 0  # a clean exit deregisters
+    await add_dead_worker(queue, "dead", seen_ago=120)
+    st = await admin.status(queue)
+    assert st.workers == [] and st.stale_workers == 1
+    st = await admin.status(queue, recent=300)
+    assert [(w.id, w.running) for w in st.workers] == [("dead", 2)]
+    assert 100 < st.workers[0].seen_ago < 200
 
 
 async def test_list_jobs_filters_and_rejects_bad_state(queue: JobQueue) -> None:
@@ -139,12 +157,13 @@ async def test_prune_keeps_dag_integrity(queue: JobQueue) -> None:
 
 
 async def test_prune_removes_stale_workers(queue: JobQueue) -> None:
-    await serve_until_registered(queue)
-    assert len((await admin.status(queue)).workers) == 1
-    assert (await admin.prune(queue, timedelta(hours=1))).workers == 0
-    assert (await admin.prune(queue, timedelta(0))).workers == 1
-    st = await admin.status(queue)
-    assert st.workers == [] and st.stale_workers == 0
+    await add_dead_worker(queue, "old", seen_ago=7200)
+    await add_dead_worker(queue, "recent", seen_ago=60)
+    assert (await admin.status(queue)).stale_workers == 2
+    assert (await admin.prune(queue, timedelta(hours=3))).workers == 0
+    assert (await admin.prune(queue, timedelta(hours=1), dry_run=True)).workers == 1
+    assert (await admin.prune(queue, timedelta(hours=1))).workers == 1
+    assert (await admin.status(queue)).stale_workers == 1
 
 
 async def test_start_without_migrate_refuses_a_missing_schema(make_queue: Any) -> None:
