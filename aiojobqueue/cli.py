@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.panel import Panel
@@ -59,7 +60,7 @@ class Exit(IntEnum):
 
 
 out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)  # one line per error
 
 app = typer.Typer(
     name="aiojobqueue",
@@ -191,11 +192,24 @@ async def opened(url: str, prefix: str, *, migrate: bool = False,
              "it with `aiojobqueue migrate`", Exit.UNREACHABLE)
     q = JobQueue(url, prefix=prefix, **opts)
     try:
-        async with asyncio.timeout(CONNECT_TIMEOUT):
-            await q.start(migrate=migrate)
+        await connect(q, url, migrate=migrate)
         yield q
     finally:
         await q.close()
+
+
+async def connect(q: JobQueue, url: str, *, migrate: bool = True) -> None:
+    """Start ``q``; any database error while connecting means "unreachable" (exit 3):
+    refused, timed out, bad credentials, no such database."""
+    from sqlalchemy.exc import DBAPIError
+
+    try:
+        async with asyncio.timeout(CONNECT_TIMEOUT):
+            await q.start(migrate=migrate)
+    except (DBAPIError, OSError, TimeoutError) as exc:
+        reason = "timed out" if isinstance(exc, TimeoutError) else _first_line(
+            getattr(exc, "orig", None) or exc)
+        fail(f"cannot reach the database at {safe_url(url)}: {reason}", Exit.UNREACHABLE)
 
 
 def emit_json(data: Any) -> None:
@@ -306,8 +320,8 @@ def demo(
 def worker(
     target: Annotated[str, typer.Argument(
         metavar="MODULE:QUEUE",
-        help="Where your JobQueue lives, e.g. myapp.jobs:queue (a JobQueue, or a function "
-        "returning one). The current directory is importable.")],
+        help="Where your JobQueue lives, e.g. myapp.jobs:queue. The current directory is "
+        "importable.")],
     url: Annotated[str | None, typer.Option(
         "--url", help="Override the queue's own URL. AIOJOBQUEUE_URL is NOT applied here: "
         "the module configures its queue.")] = None,
@@ -315,6 +329,8 @@ def worker(
         min=1, help="Jobs in flight in this process (overrides the queue's capacity).")] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
     log_format: Annotated[str, typer.Option(help="text, or json (one object per line).")] = "text",
+    factory: Annotated[bool, typer.Option(
+        help="QUEUE is a function that returns the JobQueue: call it.")] = False,
 ) -> None:
     """Run a worker for your queue until SIGTERM/SIGINT, then shut down gracefully."""
     from . import logs
@@ -324,7 +340,7 @@ def worker(
         raise typer.BadParameter(f"unknown log level {log_level!r}", param_hint="--log-level")
     if log_format not in ("text", "json"):
         raise typer.BadParameter(f"unknown log format {log_format!r}", param_hint="--log-format")
-    q = load_queue(target)
+    q = load_queue(target, factory=factory)
     if url is not None:
         if not isinstance(q._url, str):
             raise typer.BadParameter("this queue was built from an engine; set its URL in your "
@@ -344,8 +360,7 @@ def worker(
                         target)
         log.info("worker %s starting: %s on %s (capacity %d, handlers: %s)", q.worker_id,
                  target, safe_url(the_url), q.capacity, ", ".join(sorted(q._handlers)) or "-")
-        async with asyncio.timeout(CONNECT_TIMEOUT):
-            await q.start()
+        await connect(q, the_url)
         try:
             await run_worker(q)
         finally:
@@ -355,7 +370,7 @@ def worker(
     run(the_url, go)
 
 
-def load_queue(target: str) -> JobQueue:
+def load_queue(target: str, *, factory: bool = False) -> JobQueue:
     mod_name, sep, attr = target.partition(":")
     if not sep or not mod_name or not attr:
         raise typer.BadParameter(f"expected MODULE:QUEUE, e.g. myapp.jobs:queue, got {target!r}",
@@ -375,10 +390,13 @@ def load_queue(target: str) -> JobQueue:
             raise typer.BadParameter(f"module {mod_name!r} has no attribute {attr!r}",
                                      param_hint="MODULE:QUEUE")
         obj = getattr(obj, part)
-    if not isinstance(obj, JobQueue) and callable(obj):
+    if factory:
+        if not callable(obj):
+            raise typer.BadParameter(f"{target} is not callable", param_hint="--factory")
         obj = obj()
     if not isinstance(obj, JobQueue):
-        raise typer.BadParameter(f"{target} is a {type(obj).__name__}, not a JobQueue",
+        hint = " (a factory? add --factory)" if callable(obj) else ""
+        raise typer.BadParameter(f"{target} is a {type(obj).__name__}, not a JobQueue{hint}",
                                  param_hint="MODULE:QUEUE")
     return obj
 
@@ -405,11 +423,11 @@ def status(
         return
     cols = ("running", "ready", "scheduled", "waiting", "done", "failed", "cancelled")
     t = Table(title=f"aiojobqueue at {escape(safe_url(url))}", header_style="bold",
-              title_justify="left")
-    t.add_column("group")
+              title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True)
+    t.add_column("group", min_width=6, overflow="fold")
     for c in cols:
-        t.add_column(c, justify="right")
-    t.add_column("oldest ready", justify="right")
+        t.add_column(c, justify="right", no_wrap=True)
+    t.add_column("oldest", justify="right", no_wrap=True)
     for g in st.groups:
         t.add_row(escape(g.group), *(_n(g.count(c), c) for c in cols), ago(g.oldest_ready_age))
     if len(st.groups) > 1:
@@ -422,7 +440,7 @@ def status(
     if st.containers:
         out.print("containers: " + ", ".join(f"{n} {s}" for s, n in sorted(st.containers.items())))
     w = Table(title=f"workers seen in the last {st.recent:g}s", header_style="bold",
-              title_justify="left")
+              title_justify="left", box=box.SIMPLE_HEAD)
     for c in ("worker", "host", "pid", "running", "last seen", "up since"):
         w.add_column(c, justify="right" if c in ("pid", "running", "last seen") else "left")
     for wk in st.workers:
@@ -466,7 +484,7 @@ def jobs(
     if as_json:
         emit_json(found)
         return
-    t = Table(header_style="bold")
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, collapse_padding=True)
     for c in ("id", "type", "state", "group", "attempt", "parent", "depends on", "age", "error"):
         t.add_column(c, justify="right" if c in ("id", "attempt", "parent", "age") else "left",
                      overflow="fold" if c == "error" else "ellipsis")
@@ -475,7 +493,8 @@ def jobs(
             str(j.id), escape(j.type) + (" [dim](container)[/]" if j.is_container else ""),
             styled(str(j.state)), escape(j.group),
             "" if j.is_container else f"{j.attempts}/{j.max_attempts}",
-            str(j.parent_id or ""), _ids(j.depends_on),
+            str(j.parent_id or ""),
+            _ids(j.depends_on) if len(j.depends_on) <= 3 else f"{len(j.depends_on)} jobs",
             ago((now - j.created_at).total_seconds()), escape(_err(j)),
         )
     out.print(t)
@@ -516,6 +535,8 @@ def show(
     url: Url = DEFAULT_URL,
     prefix: Prefix = DEFAULT_PREFIX,
     traceback: Annotated[bool, typer.Option(help="Print the error's traceback.")] = False,
+    limit: Annotated[int, typer.Option(
+        min=1, help="Show at most this many children and dependents.")] = 20,
     as_json: AsJson = False,
 ) -> None:
     """One job with its DAG: containers above it, children, dependencies, dependents."""
@@ -523,7 +544,7 @@ def show(
 
     async def go() -> tuple[admin.JobGraph, datetime]:
         async with opened(url, prefix) as q:
-            return await admin.graph(q, job_id), await admin.now(q)
+            return await admin.graph(q, job_id, limit=limit), await admin.now(q)
 
     g, now = run(url, go)
     if as_json:

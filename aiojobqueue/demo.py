@@ -18,6 +18,7 @@ from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from rich import box
 from rich.console import Console, Group
 from rich.live import Live
 from rich.panel import Panel
@@ -252,7 +253,7 @@ async def run_demo(
 
 
 def summary_table(run: DemoRun, jobs: dict[int, Any]) -> Table:
-    t = Table(title=f"finished in {run.elapsed:.1f}s", header_style="bold")
+    t = Table(title=f"finished in {run.elapsed:.1f}s", header_style="bold", box=box.SIMPLE_HEAD)
     t.add_column("group")
     t.add_column("weight", justify="right")
     t.add_column("jobs", justify="right")
@@ -261,11 +262,16 @@ def summary_table(run: DemoRun, jobs: dict[int, Any]) -> Table:
     t.add_column("slots held while contended", justify="right")
     t.add_column("finished at", justify="right")
     for g, ids in run.ids.items():
-        states = Counter(str(jobs[i].state) for i in ids)
+        leaves = [jobs[i] for i in ids if not jobs[i].is_container]
+        boxes = [jobs[i] for i in ids if jobs[i].is_container]
+        states = Counter(str(j.state) for j in leaves)
+        text = ", ".join(f"[{STATE_STYLE.get(s, '')}]{n} {s}[/]" for s, n in sorted(states.items()))
+        if boxes:
+            text += "; container " + ", ".join(
+                f"[{STATE_STYLE.get(str(b.state), '')}]{b.state}[/]" for b in boxes)
         held = run.contended.get(g)
         t.add_row(
-            g, str(run.weights.get(g, 1)), str(len(ids)),
-            ", ".join(f"[{STATE_STYLE.get(s, '')}]{n} {s}[/]" for s, n in sorted(states.items())),
+            g, str(run.weights.get(g, 1)), str(len(leaves)), text,
             f"{run.busy.get(g, 0.0):.1f}",
             f"{sum(held) / len(held):.1f} of {CONCURRENCY}" if held else "-",
             f"{run.finished_at[g]:.1f}s" if g in run.finished_at else "-",
