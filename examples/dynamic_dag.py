@@ -26,7 +26,8 @@ SITES = {
 
 
 def make_queue(url: str) -> JobQueue:
-    q = JobQueue(url, concurrency=4, poll_interval=0.1)
+    q = JobQueue(url, concurrency=4, poll_interval=0.1,
+                 prefix=os.environ.get("AIOJOBQUEUE_PREFIX", "ajq_"))
 
     @q.handler("crawl")
     async def crawl(ctx: JobContext, site: str) -> dict[str, Any]:
