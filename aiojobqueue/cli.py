@@ -274,7 +274,7 @@ def demo(
     as_json: AsJson = False,
 ) -> None:
     """Run a realistic DAG (two tenants, fan-out/fan-in, a retried job) with a live view."""
-    from .demo import run_demo, summary_table, verdict
+    from .demo import containers_line, run_demo, summary_table, verdict
 
     if url is None:
         path = Path(DEMO_FILE)
@@ -295,6 +295,7 @@ def demo(
             emit_json(v)
             return v
         out.print(summary_table(run_, jobs))
+        out.print(containers_line(run_, jobs))
         f = v["flaky_job"]
         out.print(f"[yellow]↻[/] job #{f['id']} (a globex fetch) failed once with HTTP 503 and "
                   f"was retried: [green]{f['state']}[/] after {f['attempts']} attempts.")
@@ -303,12 +304,11 @@ def demo(
         if not v["ok"]:
             out.print("[bold red]some jobs did not end as expected[/]")
         u = escape(url)
-        out.print(
-            "\nExplore what it left behind:\n"
-            f"  aiojobqueue status --url {u}\n"
-            f"  aiojobqueue jobs --url {u} --type fetch --limit 5\n"
-            f"  aiojobqueue show {run_.publish_id} --url {u}"
-        )
+        out.print("\nExplore what it left behind:", soft_wrap=True)
+        for line in (f"aiojobqueue status --url {u}",
+                     f"aiojobqueue jobs --url {u} --type fetch --limit 5",
+                     f"aiojobqueue show {run_.publish_id} --url {u}"):
+            out.print("  " + line, soft_wrap=True)
         return v
 
     v = run(url, go)
