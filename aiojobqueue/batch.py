@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import uuid
 from collections import defaultdict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -11,9 +12,10 @@ from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.sql.compiler import InsertmanyvaluesSentinelOpts
 
 from . import schema as S
 from .errors import (
@@ -415,7 +417,8 @@ async def insert_specs(
     # containers that start active with no children are finished at once (roll-up).
     empty = [s.ref.id for s in fresh if s.is_container and s.state == S.ACTIVE]
     if empty:
-        await q._completer.rollup(conn, empty)
+        # finished at once: release what waits on them (and roll up their parents) too
+        await q._completer.settle(conn, await q._completer.rollup(conn, empty))
     if any_ready:
         await q._ops.notify(conn)
     return [s.ref.id for s in specs], any_ready
@@ -424,21 +427,45 @@ async def insert_specs(
 async def _insert_rows(q: JobQueue, conn: AsyncConnection, rows: list[dict[str, Any]]) -> list[int]:
     J = q._t.jobs
     out: list[int] = []
-    d = conn.dialect
-    if d.insert_returning and d.insert_executemany_returning_sort_by_parameter_order:
+    dialect = conn.dialect
+    ordered = dialect.insert_executemany_returning_sort_by_parameter_order and bool(
+        dialect.insertmanyvalues_implicit_sentinel & InsertmanyvaluesSentinelOpts.ANY_AUTOINCREMENT
+    )
+    if dialect.insert_returning and ordered and not q._force_insert_fallback:
         for i in range(0, len(rows), CHUNK * 5):
             res = await conn.execute(
                 insert(J).returning(J.c.id, sort_by_parameter_order=True), rows[i : i + CHUNK * 5]
             )
             out.extend(r[0] for r in res.all())
         return out
-    # MySQL 8 has no INSERT ... RETURNING: one multi-row INSERT per chunk gets consecutive ids
-    # (InnoDB allocates a "simple insert" its whole range at once), starting at LAST_INSERT_ID().
+    if dialect.insert_returning and not q._force_insert_fallback:
+        # SQLite: without an implicit sentinel SQLAlchemy would send ordered RETURNING one row
+        # per statement. One multi-row INSERT under the write lock numbers its rows upwards
+        # in VALUES order, so the sorted returned ids are the rows' ids in order.
+        size = max(1, min(CHUNK, dialect.insertmanyvalues_max_parameters // max(len(rows[0]), 1)))
+        for i in range(0, len(rows), size):
+            chunk = rows[i : i + size]
+            res = await conn.execute(insert(J).values(chunk).returning(J.c.id))
+            got = sorted(r[0] for r in res.all())
+            if len(got) != len(chunk):  # pragma: no cover - defensive
+                raise RuntimeError("multi-row INSERT returned the wrong number of ids")
+            out.extend(got)
+        return out
+    # MySQL 8 has no INSERT ... RETURNING, and with innodb_autoinc_lock_mode=2 a multi-row
+    # INSERT's ids are increasing but not guaranteed consecutive. So tag the rows with a token in
+    # the (still unused) lease_owner column, read the ids back in id order, and clear the tag.
+    token = f"insert:{uuid.uuid4().hex}"
     for i in range(0, len(rows), CHUNK):
-        chunk = rows[i : i + CHUNK]
-        res = await conn.execute(insert(J).values(chunk))
-        first = res.lastrowid
-        out.extend(range(int(first), int(first) + len(chunk)))
+        chunk = [dict(r, lease_owner=token) for r in rows[i : i + CHUNK]]
+        await conn.execute(insert(J).values(chunk))
+        got = [r[0] for r in await conn.execute(
+            select(J.c.id).where(J.c.state.in_(S.LIVE + S.TERMINAL), J.c.lease_owner == token)
+            .order_by(J.c.id)
+        )]
+        if len(got) != len(chunk):  # pragma: no cover - would mean a broken id mapping
+            raise RuntimeError(f"inserted {len(chunk)} jobs but found {len(got)}")
+        await conn.execute(update(J).where(J.c.id.in_(got)).values(lease_owner=None))
+        out.extend(got)
     return out
 
 

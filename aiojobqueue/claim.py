@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import exists, func, select, update
+from sqlalchemy import Select, func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as S
@@ -45,9 +45,40 @@ async def promote_due(q: JobQueue, conn: AsyncConnection) -> None:
     )
 
 
+def group_demand_query(q: JobQueue, types: list[str]) -> Select[Any]:
+    """Groups with runnable work: (group, weight, running). One row per known group, each
+    answered by index probes (a ready row exists; max weight; running count), so its cost
+    follows the number of groups, never the depth of a backlog."""
+    J, G = q._t.jobs, q._t.groups
+    # Correlated LIMIT 1 probes, not EXISTS / MAX(): MariaDB turns EXISTS into a materialized
+    # semi-join over every ready row and scans a whole group's index range for MAX(), so a
+    # deep backlog would cost O(backlog) per claim. "First row of an index range" is O(1)
+    # on every dialect (ix_ready, ix_ready_weight).
+    has_ready = (
+        select(J.c.id)
+        .where(J.c.state == lit(S.READY), J.c.group_key == G.c.group_key, J.c.type.in_(types))
+        .order_by(J.c.priority.desc(), J.c.id)  # ix_ready's order: the planner must use it
+        .limit(1)
+        .scalar_subquery()
+    )
+    weight = (
+        select(J.c.weight)
+        .where(J.c.state == lit(S.READY), J.c.group_key == G.c.group_key)
+        .order_by(J.c.weight.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+    running = (
+        select(func.count()).select_from(J)
+        .where(J.c.state == lit(S.RUNNING), J.c.group_key == G.c.group_key)
+        .scalar_subquery()
+    )
+    return select(G.c.group_key, weight, running).where(has_ready.is_not(None))
+
+
 async def claim(q: JobQueue, conn: AsyncConnection, want: int, types: list[str]) -> list[Claimed]:
     """Lease up to ``want`` jobs of ``types`` on ``conn`` (inside a write transaction)."""
-    J, G = q._t.jobs, q._t.groups
+    J = q._t.jobs
     await promote_due(q, conn)
     if q._needs_gate:
         await q._ops.lock_gate(conn)
@@ -61,20 +92,7 @@ async def claim(q: JobQueue, conn: AsyncConnection, want: int, types: list[str])
         free = min(free, await limit._budget(q, conn))
     if free <= 0:
         return []
-    has_ready = exists().where(
-        J.c.state == lit(S.READY), J.c.group_key == G.c.group_key, J.c.type.in_(types)
-    )
-    weight = (
-        select(func.max(J.c.weight))
-        .where(J.c.state == lit(S.READY), J.c.group_key == G.c.group_key)
-        .scalar_subquery()
-    )
-    running = (
-        select(func.count()).select_from(J)
-        .where(J.c.state == lit(S.RUNNING), J.c.group_key == G.c.group_key)
-        .scalar_subquery()
-    )
-    rows = (await conn.execute(select(G.c.group_key, weight, running).where(has_ready))).all()
+    rows = (await conn.execute(group_demand_query(q, types))).all()
     demand: dict[str, GroupDemand] = {}
     for g, w, r in rows:
         cap = q.group_limits.get(g)

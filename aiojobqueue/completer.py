@@ -381,25 +381,35 @@ class Completer:
                 f"job {job_id} is {row.state}; only failed or cancelled jobs can be retried"
             )
         revive: set[int] = {job_id}
-        # ancestors that finished failed/cancelled reopen
-        parent = row.parent_id
-        while parent is not None:
-            p = (await conn.execute(
-                select(J.c.id, J.c.state, J.c.parent_id).where(J.c.id == parent)
-            )).one()
-            if p.state in (S.FAILED, S.CANCELLED):
-                revive.add(p.id)
-            parent = p.parent_id
-        # jobs cancelled because of any revived job, transitively
-        frontier = set(revive)
+        # To a fixed point: jobs cancelled because of a revived job; the failed/cancelled
+        # containers of revived jobs (a roll-up ended them; they reopen with their child); and
+        # the failed/cancelled children of a container retried on purpose (retrying a
+        # container retries what made it fail; a reopened one does not revive its siblings).
+        frontier = {job_id}
+        on_purpose = {job_id}
         while frontier:
+            part = sorted(frontier)
             rows = await conn.execute(
-                select(J.c.id).where(J.c.cancelled_by.in_(sorted(frontier)),
-                                     J.c.state == lit(S.CANCELLED))
+                select(J.c.id).where(J.c.cancelled_by.in_(part), J.c.state == lit(S.CANCELLED))
             )
-            nxt = {r[0] for r in rows} - revive
-            revive |= nxt
-            frontier = nxt
+            nxt = {r[0] for r in rows}
+            par = J.alias("par")
+            rows = await conn.execute(
+                select(par.c.id).join(J, J.c.parent_id == par.c.id)
+                .where(J.c.id.in_(part), par.c.state.in_([S.FAILED, S.CANCELLED]))
+            )
+            nxt |= {r[0] for r in rows}
+            down = sorted(frontier & on_purpose)
+            if down:
+                rows = await conn.execute(
+                    select(J.c.id).where(J.c.parent_id.in_(down),
+                                         J.c.state.in_([S.FAILED, S.CANCELLED]))
+                )
+                kids = {r[0] for r in rows}
+                on_purpose |= kids
+                nxt |= kids
+            frontier = nxt - revive
+            revive |= frontier
         ids = sorted(revive)
         # recompute pending from scratch for each revived job
         for i in range(0, len(ids), CHUNK):
@@ -434,6 +444,29 @@ class Completer:
             await conn.execute(update(J).where(J.c.id == jid).values(pending=n))
         # release parents first so their children see an active container
         await self.release(conn, ids)
+        # A revived job with another upstream still failed/cancelled can never run: cancel it
+        # again (its dependents follow) instead of leaving it waiting for ever.
+        dead = J.alias("dead")
+        stuck: dict[int, tuple[int, str]] = {}
+        for i in range(0, len(ids), CHUNK):
+            rows = await conn.execute(
+                select(D.c.job_id, dead.c.id, dead.c.state)
+                .join(dead, dead.c.id == D.c.depends_on_id)
+                .where(D.c.job_id.in_(ids[i : i + CHUNK]),
+                       dead.c.state.in_([S.FAILED, S.CANCELLED]))
+                .order_by(D.c.job_id, dead.c.id)
+            )
+            for jid, cause, cause_state in rows:
+                stuck.setdefault(jid, (cause, cause_state))
+        for jid, (cause, cause_state) in sorted(stuck.items()):
+            await conn.execute(
+                update(J).where(J.c.id == jid, J.c.state.in_(S.LIVE)).values(
+                    state=S.CANCELLED, error=_cancel_error(cause, cause_state),
+                    cancelled_by=cause, finished_at=db_now(), live_key=None,
+                )
+            )
+        if stuck:
+            await self.settle(conn, [(jid, S.CANCELLED) for jid in sorted(stuck)])
         return ids
 
 

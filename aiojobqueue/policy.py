@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,41 +23,48 @@ def fair_share(free: int, groups: Mapping[str, GroupDemand]) -> dict[str, int]:
 
     Counts what each group already runs: slots go one at a time to the group whose
     ``(running + granted) / weight`` is lowest, so a group with nothing running gets a slot
-    before any group gets a second one, and in the steady state (one slot freeing at a time)
+    before any group gets another one, and in the steady state (one slot freeing at a time)
     starts follow the weights. Ties go to the group with the larger weight, then by name so
     the result is deterministic. Never grants more than ``free`` in total or more than a
-    group's ``cap``.
+    group's ``cap``; grants all of ``free`` unless every group is capped out.
+
+    Guarantee (tested by properties): for a group g granted a slot and any group h still
+    open, ``(total_g - 1) / w_g <= total_h / w_h``: no group holds more than one slot beyond
+    its weight-proportional share, relative to any other group. O(free * log(groups)).
     """
     grant = {g: 0 for g in groups}
     if free <= 0 or not groups:
         return grant
-    open_groups = {g for g, d in groups.items() if d.cap is None or d.cap > 0}
+    heap = [
+        (d.running / max(d.weight, 1), -d.weight, g)
+        for g, d in groups.items()
+        if d.cap is None or d.cap > 0
+    ]
+    heapq.heapify(heap)
     for _ in range(free):
-        if not open_groups:
+        if not heap:
             break
-        best = min(
-            open_groups,
-            key=lambda g: (
-                (groups[g].running + grant[g]) / max(groups[g].weight, 1),
-                -groups[g].weight,
-                g,
-            ),
-        )
-        grant[best] += 1
-        cap = groups[best].cap
-        if cap is not None and grant[best] >= cap:
-            open_groups.discard(best)
+        _, negw, g = heapq.heappop(heap)
+        grant[g] += 1
+        d = groups[g]
+        if d.cap is None or grant[g] < d.cap:
+            heapq.heappush(heap, ((d.running + grant[g]) / max(d.weight, 1), negw, g))
     return grant
+
+
+#: Exponents past this add nothing (any sane cap is reached long before) and would overflow.
+_MAX_DOUBLINGS = 62
 
 
 def backoff(
     attempt: int, base: float = 1.0, cap: float = 300.0, rng: random.Random | None = None
 ) -> float:
-    """Seconds to wait before retry number ``attempt`` (1-based): exponential, full jitter.
+    """Seconds to wait before retry number ``attempt`` (1-based): exponential, "equal" jitter.
 
     The delay is drawn uniformly from [d/2, d] with d = min(cap, base * 2**(attempt-1)), so
     retries spread out (no thundering herd) but never come sooner than half the nominal delay.
+    Any attempt number works (attempts keep counting across manual retries).
     """
     r = rng if rng is not None else random
-    d = min(cap, base * (2 ** max(attempt - 1, 0)))
+    d = min(cap, base * 2.0 ** min(max(attempt - 1, 0), _MAX_DOUBLINGS))
     return float(d / 2 + r.random() * d / 2)

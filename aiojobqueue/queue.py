@@ -31,6 +31,7 @@ from .executor import Handler, HandlerSpec
 from .hooks import Hooks
 from .limits import Limit, RateLimit
 from .models import Job, JobState
+from .periodic import Schedule, make_schedule
 from .worker import Worker
 
 log = logging.getLogger("aiojobqueue")
@@ -104,8 +105,11 @@ class JobQueue:
         self._ops: DialectOps = None  # type: ignore[assignment]
         self._completer = Completer(self)
         self._known_groups: set[str] = set()
+        # Tests force the no-RETURNING insert path (MySQL 8) on MariaDB with this.
+        self._force_insert_fallback = False
         self._local_done = asyncio.Event()
         self._worker: Worker | None = None
+        self._schedules: dict[str, Schedule] = {}
         self._db_limits = [lim for lim in self.limits if isinstance(lim, RateLimit)]
         self._local_limits = [lim for lim in self.limits if not isinstance(lim, RateLimit)]
         for lim in self._db_limits:
@@ -129,6 +133,29 @@ class JobQueue:
             return fn
 
         return register
+
+    def periodic(
+        self,
+        name: str,
+        *,
+        type: str,
+        args: dict[str, Any] | None = None,
+        every: timedelta | float | None = None,
+        cron: str | None = None,
+        **options: Any,
+    ) -> None:
+        """Enqueue a ``type`` job once per slot, across every worker serving this database.
+
+        Give ``every`` (a timedelta or seconds; slots aligned to the Unix epoch, UTC) or
+        ``cron`` (a 5-field cron expression, UTC). ``options`` are enqueue options: group,
+        weight, priority, timeout, max_attempts. serve() runs the schedules; each slot is
+        enqueued exactly once even with many workers (see ``aiojobqueue.periodic``).
+        """
+        if name in self._schedules:
+            raise ConfigurationError(f"a schedule named {name!r} is already registered")
+        self._schedules[name] = make_schedule(
+            name, type=type, args=args, every=every, cron=cron, **options
+        )
 
     def on(self, event: str, fn: Callable[..., Any]) -> None:
         """Call ``fn(event: JobEvent)`` on a lifecycle event of an attempt: start, done, retry,
@@ -255,11 +282,13 @@ class JobQueue:
                 conn = await connection.connection()
             else:
                 conn = connection
-            ids, _ = await insert_specs(self, conn, specs)
+            ids, any_ready = await insert_specs(self, conn, specs)
             return ids
         for attempt in range(3):
             try:
-                ids, _ = await self._write(lambda conn: insert_specs(self, conn, specs))
+                ids, any_ready = await self._write(lambda conn: insert_specs(self, conn, specs))
+                if any_ready and self._worker is not None:
+                    self._worker.wake.set()  # a worker in this process starts it at once
                 return ids
             except IntegrityError:  # a concurrent insert took the same key: look again
                 if attempt == 2:

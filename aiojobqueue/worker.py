@@ -25,6 +25,7 @@ from .claim import Claimed, claim
 from .completer import Outcome, lit
 from .executor import run_attempt
 from .hooks import JobEvent
+from .periodic import run_schedules
 from .timeutil import db_now, utcnow_plus
 
 if TYPE_CHECKING:
@@ -71,6 +72,9 @@ class Worker:
                     tg.create_task(self._flusher()),
                     tg.create_task(self._resilient("reclaim", self._reclaim_loop)),
                 ]
+                if q._schedules and not until_idle:
+                    side.append(tg.create_task(
+                        self._resilient("periodic", lambda: run_schedules(q))))
                 listener = q._ops.listener(q.engine)
                 if listener is not None and not until_idle:
                     side.append(tg.create_task(

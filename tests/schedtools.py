@@ -1,0 +1,64 @@
+"""Helpers for the multi-process scheduling tests: spawn workers, read their interval logs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+WORKER = str(Path(__file__).with_name("sched_worker.py"))
+
+
+def spawn(url: str, prefix: str, log: Path, *opts: str) -> subprocess.Popen[str]:
+    """Start one worker process; returns once it has connected (printed ``ready``)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    p = subprocess.Popen(
+        [sys.executable, WORKER, url, prefix, str(log), *opts],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+    )
+    return p
+
+
+def wait_ready(procs: list[subprocess.Popen[str]], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        assert p.stdout is not None
+        line = p.stdout.readline()  # blocks until the worker prints; it always prints first
+        if line.strip() != "ready":
+            raise AssertionError(f"worker {p.pid} did not start (exit {p.poll()})")
+        if time.monotonic() > deadline:
+            raise AssertionError("workers too slow to start")
+
+
+def stop(procs: list[subprocess.Popen[str]], timeout: float = 30.0) -> None:
+    """SIGTERM (graceful shutdown) every worker still alive and reap them all."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def read_log(log: Path) -> list[dict[str, Any]]:
+    if not log.exists():
+        return []
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+
+def max_overlap(rows: list[dict[str, Any]]) -> int:
+    """The most intervals [start, end) open at one instant (an end before a start at a tie)."""
+    events = sorted([(r["start"], 1) for r in rows] + [(r["end"], -1) for r in rows])
+    best = cur = 0
+    for _, d in events:
+        cur += d
+        best = max(best, cur)
+    return best
