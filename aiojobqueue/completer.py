@@ -35,8 +35,8 @@ def lit(state: str) -> Any:
 class Outcome:
     """How one attempt ended. ``kind``: done | failed | cancelled | released.
 
-    ``finish()`` returns the outcomes that took effect with ``kind`` set to what actually
-    happened: ``retry`` (failed, will run again after ``retry_in`` seconds) or ``failed``
+    ``finish_detailed()`` returns the outcomes that took effect with ``kind`` set to what
+    actually happened: ``retry`` (failed, will run again after ``retry_in`` seconds) or ``failed``
     (for good); ``cancelled`` also when a failure met a cancel request."""
 
     job_id: int
@@ -47,7 +47,7 @@ class Outcome:
     error: dict[str, Any] | None = None
     #: False: fail for good now (e.g. non-retryable), regardless of attempts left.
     retryable: bool = True
-    #: Set by finish() on a ``retry``: the backoff delay in seconds.
+    #: Set by finish_detailed() on a ``retry``: the backoff delay in seconds.
     retry_in: float | None = None
 
 
@@ -61,9 +61,18 @@ class Completer:
     async def finish(self, conn: AsyncConnection, outcomes: Sequence[Outcome]) -> list[Outcome]:
         """Apply ``outcomes``, each only if its worker still holds that attempt's lease.
 
-        Returns the outcomes that took effect; the others were fenced out (the lease expired
-        and the job was reclaimed, or it was cancelled) and changed nothing.
+        Returns the outcomes that took effect, as given; the others were fenced out (the
+        lease expired and the job was reclaimed, or it was cancelled) and changed nothing.
         """
+        took = {(o.job_id, o.attempt) for o in await self.finish_detailed(conn, outcomes)}
+        return [o for o in outcomes if (o.job_id, o.attempt) in took]
+
+    async def finish_detailed(
+        self, conn: AsyncConnection, outcomes: Sequence[Outcome]
+    ) -> list[Outcome]:
+        """``finish()``, returning what actually happened to each applied outcome: ``kind``
+        becomes ``retry`` (with ``retry_in``) or ``failed`` for a failure, ``cancelled`` for
+        a failure that met a cancel request (for hooks and logs)."""
         J = self.J
         if not outcomes:
             return []

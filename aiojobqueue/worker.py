@@ -286,7 +286,7 @@ class Worker:
                     JobEvent(o.kind, o.job_id, info[o.job_id].type, info[o.job_id].group_key,
                              o.attempt, o.owner, error=o.error, retry_in=o.retry_in,
                              reclaimed=True)
-                    for o in await q._completer.finish(conn, outs)
+                    for o in await q._completer.finish_detailed(conn, outs)
                 ]
 
             events = await q._write(sweep)
@@ -361,7 +361,7 @@ async def _claim(q: JobQueue, conn: Any, *, want: int, types: list[str]) -> list
 
 
 async def _finish(q: JobQueue, conn: Any, *, outcomes: list[Outcome]) -> list[Outcome]:
-    return await q._completer.finish(conn, outcomes)
+    return await q._completer.finish_detailed(conn, outcomes)
 
 
 def _extra(q: JobQueue, c: Claimed) -> dict[str, Any]:
