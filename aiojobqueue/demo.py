@@ -175,16 +175,18 @@ def observe(run: DemoRun, st: admin.Status) -> None:
             run.contended[name].append(n)
 
 
-def render(run: DemoRun, st: admin.Status | None) -> Group:
+def render(run: DemoRun, st: admin.Status | None, width: int = 100) -> Group:
     """The live view: per-group progress and states, totals, throughput, recent events."""
+    bar = min(26, max(6, width - 66))
     elapsed = time.monotonic() - run.started
     now = time.monotonic()
     while run.done_times and now - run.done_times[0] > 3.0:
         run.done_times.popleft()
-    table = Table(expand=False, box=None, pad_edge=False, header_style="bold")
+    table = Table(expand=False, box=None, pad_edge=False, header_style="bold",
+                  collapse_padding=True)
     table.add_column("group")
     table.add_column("weight", justify="right")
-    table.add_column("progress", width=26)
+    table.add_column("progress", width=bar)
     for s in ("running", "ready", "scheduled", "waiting", "done", "failed"):
         table.add_column(s, justify="right", style=STATE_STYLE[s])
     totals: Counter[str] = Counter()
@@ -195,7 +197,7 @@ def render(run: DemoRun, st: admin.Status | None) -> Group:
             done = g.count("done")
             table.add_row(
                 g.group, str(run.weights.get(g.group, 1)),
-                ProgressBar(total=max(total, 1), completed=done, width=26),
+                ProgressBar(total=max(total, 1), completed=done, width=bar),
                 *(str(g.count(s)) for s in ("running", "ready", "scheduled", "waiting",
                                             "done", "failed")),
             )
@@ -236,18 +238,18 @@ async def run_demo(
         run.started = time.monotonic()
         worker = asyncio.create_task(q.run_until_idle())
         st: admin.Status | None = None
-        view = Live(render(run, st), console=console, refresh_per_second=8,
+        view = Live(render(run, st, console.width), console=console, refresh_per_second=8,
                     transient=False) if live else None
         with view if view is not None else contextlib.nullcontext():
             while not worker.done():
                 st = await admin.status(q)
                 observe(run, st)
                 if view is not None:
-                    view.update(render(run, st))
+                    view.update(render(run, st, console.width))
                 await asyncio.wait({worker}, timeout=0.25)
             st = await admin.status(q)
             if view is not None:
-                view.update(render(run, st))
+                view.update(render(run, st, console.width))
         await worker  # re-raise a worker crash
         run.elapsed = time.monotonic() - run.started
         ids = [i for v in run.ids.values() for i in v]
