@@ -118,7 +118,8 @@ class Worker:
                 except Exception as exc:
                     if not q._ops.is_transient(exc) and not _is_db_error(exc):
                         raise
-                    log.warning("claim failed (%s); backing off", exc)
+                    log.warning("claim failed (%s); backing off", exc,
+                                extra={"worker": q.worker_id})
                     delay = min(max(delay * 2, 0.2), 5.0)
                     continue
             for c in got:
@@ -180,7 +181,8 @@ class Worker:
                 applied = await q._write(partial(_finish, q, outcomes=batch))
                 delay = 0.05
             except Exception as exc:  # keep them: leases stay renewed while we retry
-                log.warning("finalize of %d job(s) failed (%s); retrying", len(batch), exc)
+                log.warning("finalize of %d job(s) failed (%s); retrying", len(batch), exc,
+                            extra={"worker": q.worker_id})
                 self.outbox = batch + self.outbox
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
@@ -291,7 +293,8 @@ class Worker:
 
             events = await q._write(sweep)
             if events:
-                log.warning("reclaimed %d job(s) with expired leases", len(events))
+                log.warning("reclaimed %d job(s) with expired leases", len(events),
+                            extra={"worker": q.worker_id})
                 for ev in events:
                     report(ev)
                     q._hooks.emit(ev)
@@ -351,7 +354,8 @@ class Worker:
             except Exception as exc:
                 if not self.q._ops.is_transient(exc) and not _is_db_error(exc):
                     raise
-                log.warning("%s: database error (%s); retrying in %.1fs", name, exc, delay)
+                log.warning("%s: database error (%s); retrying in %.1fs", name, exc, delay,
+                            extra={"worker": self.q.worker_id})
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 

@@ -231,3 +231,31 @@ async def test_a_raising_hook_never_hurts_the_job(queue: JobQueue) -> None:
     j = await queue.enqueue("ok")
     await queue.run_until_idle()
     assert await queue.wait(j, timeout=5) == 1
+
+
+async def test_a_dead_workers_attempt_is_reported_once_by_the_reclaimer(
+    make_queue: Any,
+) -> None:
+    from aiojobqueue.claim import claim
+
+    dead = make_queue(lease_ttl=1.0, heartbeat_interval=0.3)
+    alive = make_queue(lease_ttl=1.0, heartbeat_interval=0.3)
+    events: list[JobEvent] = []
+    for name in ("start", "retry", "done"):
+        alive.on(name, events.append)
+
+    @alive.handler("x", max_attempts=3)
+    async def x(ctx: Any) -> int:
+        return ctx.attempt
+
+    async with dead, alive:
+        jid = await dead.enqueue("x")
+        # "dead" leases the job and never heartbeats or finishes it: a crashed worker
+        (c,) = await dead._write(lambda conn: claim(dead, conn, 1, ["x"]))
+        assert c.id == jid
+        await alive.run_until_idle()
+        assert await alive.wait(jid, timeout=10) == 2
+    got = [(e.event, e.attempt, e.reclaimed) for e in events]
+    assert got == [("retry", 1, True), ("start", 2, False), ("done", 2, False)]
+    assert events[0].worker_id == dead.worker_id  # the attempt's own worker
+    assert events[0].error is not None and events[0].error["type"] == "LeaseExpired"
