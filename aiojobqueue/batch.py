@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from .queue import JobQueue
 
 CHUNK = 1000
+MAX_ID = 2**63 - 1  # BIGINT / SQLite INTEGER
 
 
 class UnknownJobError(InvalidJobError, JobNotFoundError):
@@ -216,6 +217,8 @@ class Batch:
             return
         if not _is_int(r) or r < 1:
             raise InvalidJobError(f"not a job id or batch ref: {r!r}")
+        if r > MAX_ID:  # the database would reject it with a driver error
+            raise UnknownJobError(f"unknown job id in depends_on/parent: {r}")
 
     # -- context manager --------------------------------------------------------------------
     async def __aenter__(self) -> Batch:
@@ -440,12 +443,11 @@ async def _insert_rows(q: JobQueue, conn: AsyncConnection, rows: list[dict[str, 
         return out
     if dialect.insert_returning and not q._force_insert_fallback:
         # SQLite: without an implicit sentinel SQLAlchemy would send ordered RETURNING one row
-        # per statement. One multi-row INSERT under the write lock numbers its rows upwards
-        # in VALUES order, so the sorted returned ids are the rows' ids in order.
-        size = max(1, min(CHUNK, dialect.insertmanyvalues_max_parameters // max(len(rows[0]), 1)))
-        for i in range(0, len(rows), size):
-            chunk = rows[i : i + size]
-            res = await conn.execute(insert(J).values(chunk).returning(J.c.id))
+        # per statement. Unordered, it sends multi-row INSERTs in order; under the write lock
+        # each numbers its rows upwards in VALUES order, so the sorted ids are the rows' ids.
+        for i in range(0, len(rows), CHUNK * 5):
+            chunk = rows[i : i + CHUNK * 5]
+            res = await conn.execute(insert(J).returning(J.c.id), chunk)
             got = sorted(r[0] for r in res.all())
             if len(got) != len(chunk):  # pragma: no cover - defensive
                 raise RuntimeError("multi-row INSERT returned the wrong number of ids")
@@ -457,7 +459,7 @@ async def _insert_rows(q: JobQueue, conn: AsyncConnection, rows: list[dict[str, 
     token = f"insert:{uuid.uuid4().hex}"
     for i in range(0, len(rows), CHUNK):
         chunk = [dict(r, lease_owner=token) for r in rows[i : i + CHUNK]]
-        await conn.execute(insert(J).values(chunk))
+        await conn.execute(insert(J), chunk)  # executemany: batched multi-row INSERTs
         got = [r[0] for r in await conn.execute(
             select(J.c.id).where(J.c.state.in_(S.LIVE + S.TERMINAL), J.c.lease_owner == token)
             .order_by(J.c.id)

@@ -92,6 +92,7 @@ class Completer:
                     held[r.id] = r
         applied = [o for o in outcomes if o.job_id in held and held[o.job_id].attempts == o.attempt]
         finished: list[tuple[int, str]] = []
+        released = False
         done_rows = []
         now = db_now()
         cleared = {"lease_owner": None, "lease_expires": None}
@@ -137,6 +138,7 @@ class Completer:
                         state=S.READY, attempt_limit=J.c.attempt_limit + 1, **cleared
                     )
                 )
+                released = True
             else:  # pragma: no cover - programming error
                 raise ValueError(kind)
             effective.append(replace(o, kind=kind, retry_in=retry_in))
@@ -153,6 +155,8 @@ class Completer:
             finished.extend((r["i"], S.DONE) for r in done_rows)
         if finished:
             await self.settle(conn, finished)
+        if released:  # another worker may start it at once (not after its poll interval)
+            await self.q._ops.notify(conn)
         return effective
 
     # -- consequences ---------------------------------------------------------------------

@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, select, update
 
 from . import schema as S
 from .claim import Claimed, claim
 from .completer import Outcome, lit
-from .executor import run_attempt
+from .executor import Reasons, run_attempt
 from .hooks import JobEvent
+from .limits import local_budget, notify
 from .periodic import run_schedules
 from .timeutil import db_now, utcnow_plus
 
@@ -41,6 +42,9 @@ T = TypeVar("T")
 class _Running:
     claimed: Claimed
     task: asyncio.Task[None]
+    #: monotonic time at which the last transaction known to have set this lease began: the
+    #: lease is certainly valid until renewed_at + lease_ttl (the database clock set it later).
+    renewed_at: float
     outcome_queued: bool = False
     started: float = field(default_factory=time.monotonic)
 
@@ -51,24 +55,43 @@ class Worker:
 
     q: JobQueue
     running: dict[int, _Running] = field(default_factory=dict)
-    reasons: dict[int, str] = field(default_factory=dict)
+    reasons: Reasons = field(default_factory=dict)
     outbox: list[Outcome] = field(default_factory=list)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     outbox_event: asyncio.Event = field(default_factory=asyncio.Event)
     flushed: asyncio.Event = field(default_factory=asyncio.Event)
+    flush_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     stopping: bool = False
     idle_exit: bool = False
     claims: int = 0
+    #: a claim transaction is in flight (its rows may be committed but not yet started here)
+    claiming: bool = False
+    #: monotonic start of the last heartbeat that went through
+    beat_ok_at: float = 0.0
+    #: (job, attempt) leased to this worker in the database but unknown here, seen last beat
+    orphans: set[tuple[int, int]] = field(default_factory=set)
+    #: outcomes whose last write failed in a way that may still have committed
+    uncertain: set[tuple[int, int]] = field(default_factory=set)
+    #: consecutive non-retryable write failures of one outcome (a poison outcome)
+    poison: dict[tuple[int, int], int] = field(default_factory=dict)
+    one_by_one: int = 0
+
+    @property
+    def margin(self) -> float:
+        """Stop a job this long before its lease could expire if it was not renewed."""
+        return min(self.q.heartbeat_interval, self.q.lease_ttl / 4)
 
     # -- the loop -------------------------------------------------------------------------
     async def serve(self, until_idle: bool = False) -> None:
         q = self.q
         self.idle_exit = until_idle
         self.stopping = False
+        self.beat_ok_at = time.monotonic()
         try:
             async with asyncio.TaskGroup() as tg:
                 side = [
-                    tg.create_task(self._resilient("heartbeat", self._heartbeat_loop)),
+                    tg.create_task(self._heartbeat_loop()),
+                    tg.create_task(self._lease_guard()),
                     tg.create_task(self._flusher()),
                     tg.create_task(self._resilient("reclaim", self._reclaim_loop)),
                 ]
@@ -109,26 +132,40 @@ class Worker:
                 await self._sleep_or_wake(delay)
             self.wake.clear()
             free = q.capacity - len(self.running)
-            for lim in q._local_limits:
-                free = min(free, await lim.available())
+            free = await local_budget(q._local_limits, free)
             got: list[Claimed] = []
-            if free > 0 and types:
+            # No new leases while this worker cannot renew the ones it has.
+            if free > 0 and types and self._leases_healthy():
+                t0 = time.monotonic()
+                self.claiming = True
                 try:
                     got = await q._write(partial(_claim, q, want=free, types=types))
                 except Exception as exc:
-                    if not q._ops.is_transient(exc) and not _is_db_error(exc):
+                    if not self._retryable(exc):
                         raise
                     log.warning("claim failed (%s); backing off", exc,
                                 extra={"worker": q.worker_id})
                     delay = min(max(delay * 2, 0.2), 5.0)
                     continue
-            for c in got:
-                self._start(c)
+                finally:
+                    self.claiming = False
+                for c in got:
+                    self._start(c, t0)
             idle_now = self.idle_exit and not got and not self.running and not self.outbox
             if idle_now and await self._idle(types):
                 return
             # A full claim means more may be waiting: go again at once.
             delay = 0.0 if got and len(got) == free else q.poll_interval
+
+    def _leases_healthy(self) -> bool:
+        return time.monotonic() - self.beat_ok_at < self.q.lease_ttl - self.margin
+
+    def _retryable(self, exc: BaseException) -> bool:
+        """A database outage or conflict (retry) rather than a bug (crash loudly)."""
+        from sqlalchemy.exc import InterfaceError, OperationalError
+
+        return self.q._ops.is_transient(exc) or isinstance(
+            exc, (OperationalError, InterfaceError, OSError, TimeoutError))
 
     async def _sleep_or_wake(self, delay: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -137,12 +174,11 @@ class Worker:
     def _on_notify(self, _payload: str) -> None:
         self.wake.set()
 
-    def _start(self, c: Claimed) -> None:
+    def _start(self, c: Claimed, leased_at: float) -> None:
         self.claims += 1
-        for lim in self.q._local_limits:
-            lim.on_start(c.type, c.group)
+        notify(self.q._local_limits, "on_start", c.type, c.group)
         task = asyncio.create_task(self._run(c), name=f"ajq-job-{c.id}")
-        self.running[c.id] = _Running(c, task)
+        self.running[c.id] = _Running(c, task, leased_at)
         ev = JobEvent("start", c.id, c.type, c.group, c.attempt, self.q.worker_id)
         jlog.debug("job %s (%s) attempt %s started", c.id, c.type, c.attempt,
                    extra=ev.log_extra())
@@ -153,6 +189,9 @@ class Worker:
         if outcome is None:  # lease lost: another attempt owns the job now
             self._forget(c)
             return
+        r = self.running.get(c.id)
+        if r is not None and r.claimed.attempt == c.attempt:
+            r.outcome_queued = True
         self.outbox.append(outcome)
         self.outbox_event.set()
 
@@ -160,49 +199,76 @@ class Worker:
         r = self.running.get(c.id)
         if r is not None and r.claimed.attempt == c.attempt:
             del self.running[c.id]
-        self.reasons.pop(c.id, None)
-        for lim in self.q._local_limits:
-            lim.on_finish(c.type, c.group)
+        self.reasons.pop((c.id, c.attempt), None)
+        notify(self.q._local_limits, "on_finish", c.type, c.group)
         self.wake.set()
 
     # -- completions ----------------------------------------------------------------------
     async def _flusher(self) -> None:
         """Write finished attempts in batches: whatever finished while the previous write was
-        in flight goes in the next one transaction (no added latency when idle)."""
-        q = self.q
+        in flight goes in the next one transaction (no added latency when idle). A failed
+        write keeps its outcomes queued (their leases stay renewed) and is retried."""
         delay = 0.05
         while True:
             await self.outbox_event.wait()
             self.outbox_event.clear()
-            batch, self.outbox = self.outbox, []
-            if not batch:
-                continue
-            try:
-                applied = await q._write(partial(_finish, q, outcomes=batch))
+            if await self._flush():
                 delay = 0.05
-            except Exception as exc:  # keep them: leases stay renewed while we retry
-                log.warning("finalize of %d job(s) failed (%s); retrying", len(batch), exc,
-                            extra={"worker": q.worker_id})
-                self.outbox = batch + self.outbox
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-                self.outbox_event.set()
                 continue
-            ok = {(o.job_id, o.attempt): o for o in applied}
+            await asyncio.sleep(delay)
+            # short: once the database is back, a lease that expired during the outage is up
+            # for grabs by other workers' reclaimers, so the outcome must land quickly
+            delay = min(delay * 2, self.q.heartbeat_interval)
+            self.outbox_event.set()
+
+    async def _flush(self) -> bool:
+        """Write the queued outcomes once; False if the write failed (they stay queued)."""
+        q = self.q
+        async with self.flush_lock:
+            n = 1 if self.one_by_one else len(self.outbox)
+            batch, self.outbox = self.outbox[:n], self.outbox[n:]
+            if not batch:
+                return True
+            try:
+                # retries=0: a retry inside _write would hide a commit whose answer was lost
+                applied = await q._write(partial(_finish, q, outcomes=batch), retries=0)
+            except Exception as exc:
+                self.outbox = batch + self.outbox
+                if self._retryable(exc):
+                    # it may have committed before the link died: check before reporting
+                    self.uncertain.update((o.job_id, o.attempt) for o in batch)
+                    log.warning("finalize of %d job(s) failed (%s); retrying", len(batch), exc,
+                                extra={"worker": q.worker_id})
+                else:
+                    self._poisoned(batch, exc)
+                return False
+            self.one_by_one = max(self.one_by_one - 1, 0)
+            eff = {(o.job_id, o.attempt): o for o in applied}  # what actually happened
+            ok = set(eff)
+            unsure = [o for o in batch if (o.job_id, o.attempt) in self.uncertain - ok]
+            if unsure:
+                try:
+                    ok |= await q._read(lambda conn: self._committed_before(conn, unsure))
+                except Exception as exc:  # only the report is at stake, not the job
+                    log.warning("could not check earlier finalize (%s)", exc)
             for o in batch:
+                key = (o.job_id, o.attempt)
+                self.uncertain.discard(key)
+                self.poison.pop(key, None)
                 r = self.running.get(o.job_id)
                 if r is not None and r.claimed.attempt == o.attempt:
-                    self._forget(r.claimed)
                     c = r.claimed
-                    eff = ok.get((o.job_id, o.attempt))
+                    self._forget(c)
+                    # an outcome found committed after a lost answer has no detail: as given
+                    e = eff.get(key, o) if key in ok else None
                     ev = JobEvent(
-                        eff.kind if eff is not None else "discarded", c.id, c.type, c.group,
+                        e.kind if e is not None else "discarded", c.id, c.type, c.group,
                         c.attempt, q.worker_id, duration=time.monotonic() - r.started,
-                        error=o.error, retry_in=eff.retry_in if eff is not None else None,
+                        error=o.error, retry_in=e.retry_in if e is not None else None,
                     )
                     report(ev)
                     q._hooks.emit(ev)
-                elif (o.job_id, o.attempt) not in ok:
+                elif key not in ok:
                     log.warning("job %s attempt %s: outcome discarded, lease no longer held",
                                 o.job_id, o.attempt, extra={"job_id": o.job_id,
                                                             "attempt": o.attempt,
@@ -212,58 +278,181 @@ class Worker:
             self.wake.set()
             if not self.outbox:
                 self.flushed.set()
+            return True
+
+    def _poisoned(self, batch: list[Outcome], exc: Exception) -> None:
+        """A write that fails for a reason other than the database being away (say, a result
+        the column cannot hold) must not block the others, nor strand its job forever."""
+        if len(batch) > 1:
+            log.error("finalize of %d job(s) failed (%r); writing them one by one", len(batch),
+                      exc)
+            self.one_by_one = len(batch)
+            return
+        o = batch[0]
+        key = (o.job_id, o.attempt)
+        self.poison[key] = self.poison.get(key, 0) + 1
+        log.error("job %s attempt %s: finalize failed (%r), try %d", o.job_id, o.attempt, exc,
+                  self.poison[key])
+        if self.poison[key] >= 3 and (o.error or {}).get("type") != "FinalizeError":
+            self.outbox[0] = Outcome(o.job_id, o.attempt, o.owner, "failed", error={
+                "type": "FinalizeError",
+                "message": f"the {o.kind} outcome could not be recorded: {exc!r}"[:2000]})
+            self.poison.pop(key, None)
+
+    async def _committed_before(self, conn: Any, outs: list[Outcome]) -> set[tuple[int, int]]:
+        """Which of ``outs`` an earlier, seemingly failed write did commit (its answer was
+        lost). Only the attempt's own lease holder can produce these states at this attempt."""
+        J = self.q._t.jobs
+        rows = {r.id: r for r in await conn.execute(
+            select(J.c.id, J.c.attempts, J.c.state, J.c.error, J.c.lease_owner)
+            .where(J.c.id.in_(sorted({o.job_id for o in outs}))))}
+        out: set[tuple[int, int]] = set()
+        for o in outs:
+            r = rows.get(o.job_id)
+            if r is None or r.attempts != o.attempt or r.state == S.RUNNING:
+                continue
+            err_type = (r.error or {}).get("type") if isinstance(r.error, dict) else None
+            mine = (
+                (o.kind == "done" and r.state == S.DONE)
+                or (o.kind == "released" and r.state == S.READY)
+                or (o.kind == "failed" and r.error == o.error)
+                or (o.kind == "cancelled" and r.state == S.CANCELLED
+                    and err_type != "LeaseExpired")
+            )
+            if mine:
+                log.warning("job %s attempt %s: finalize had committed though its answer was "
+                            "lost", o.job_id, o.attempt)
+                out.add((o.job_id, o.attempt))
+        return out
 
     # -- leases ---------------------------------------------------------------------------
     async def _heartbeat_loop(self) -> None:
+        """Renew the leases of the jobs running here, every heartbeat_interval; then stop the
+        ones whose lease was lost or whose cancel was requested, and release orphans.
+
+        It handles database errors itself (a failed beat is retried sooner, never crashes the
+        worker); if beats keep failing, _lease_guard stops the jobs before their leases can
+        expire, so no job runs on two workers at once."""
         q = self.q
-        J, W = q._t.jobs, q._t.workers
-        registered = False
+        delay = 0.1
         while True:
+            t0 = time.monotonic()
             mine = {i: r.claimed.attempt for i, r in self.running.items()}
-
-            async def beat(conn: Any, mine: dict[int, int] = mine) -> list[Any]:
-                nonlocal registered
-                if mine:
-                    await conn.execute(
-                        update(J).where(J.c.state == lit(S.RUNNING), J.c.lease_owner == q.worker_id)
-                        .values(lease_expires=utcnow_plus(q.lease_ttl))
-                    )
-                vals = {"last_seen": db_now(), "running": len(mine)}
-                if registered:
-                    await conn.execute(update(W).where(W.c.id == q.worker_id).values(**vals))
-                else:
-                    await conn.execute(insert(W).values(
-                        id=q.worker_id, host=socket.gethostname()[:255], pid=os.getpid(),
-                        started_at=db_now(), **vals))
-                    registered = True
-                if not mine:
-                    return []
-                rows = await conn.execute(
-                    select(J.c.id, J.c.attempts, J.c.cancel_requested)
-                    .where(J.c.state == lit(S.RUNNING), J.c.lease_owner == q.worker_id)
-                )
-                return list(rows)
-
-            rows = await q._write(beat)
-            held = {r.id: r for r in rows}
+            try:
+                async with asyncio.timeout(max(q.lease_ttl, 5.0)):  # a hung link is no beat
+                    rows = await q._write(partial(self._beat, ids=sorted(mine)))
+            except Exception as exc:
+                if not self._retryable(exc):
+                    raise
+                log.warning("heartbeat failed (%s); %d lease(s) not renewed, retrying in %.1fs",
+                            exc, len(mine), delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, q.heartbeat_interval)
+                continue
+            if delay > 0.1 and self.outbox:
+                self.outbox_event.set()  # the database is back: finalize now
+            delay = 0.1
+            self.beat_ok_at = t0
             for jid, attempt in mine.items():
                 r = self.running.get(jid)
-                if r is None or r.claimed.attempt != attempt or jid in self.reasons:
-                    continue
-                h = held.get(jid)
-                if any(o.job_id == jid for o in self.outbox):
-                    continue  # finished; its outcome is on the way
-                if h is None or h.attempts != attempt:
-                    log.warning("job %s attempt %s lost its lease; stopping it", jid, attempt,
-                                extra=_extra(q, r.claimed))
-                    self.reasons[jid] = "lost"
-                    r.task.cancel()
-                elif h.cancel_requested:
-                    log.info("job %s cancel requested; stopping it", jid,
-                             extra=_extra(q, r.claimed))
-                    self.reasons[jid] = "cancel"
-                    r.task.cancel()
+                if r is not None and r.claimed.attempt == attempt:
+                    r.renewed_at = max(r.renewed_at, t0)
+            await self._reconcile(mine, rows)
             await asyncio.sleep(q.heartbeat_interval)
+
+    async def _beat(self, conn: Any, *, ids: list[int]) -> list[Any]:
+        q = self.q
+        J, W = q._t.jobs, q._t.workers
+        # Renew only the attempts this process runs: a lease it holds without knowing (a
+        # claim whose commit answer was lost) must not be kept alive forever.
+        for i in range(0, len(ids), 1000):
+            await conn.execute(
+                update(J).where(J.c.state == lit(S.RUNNING), J.c.lease_owner == q.worker_id,
+                                J.c.id.in_(ids[i : i + 1000]))
+                .values(lease_expires=utcnow_plus(q.lease_ttl))
+            )
+        vals = {"last_seen": db_now(), "running": len(ids)}
+        res = await conn.execute(update(W).where(W.c.id == q.worker_id).values(**vals))
+        if res.rowcount == 0:  # first beat (an upsert: a retried first beat must not collide)
+            await conn.execute(q._ops._insert_ignore(W).values(
+                id=q.worker_id, host=socket.gethostname()[:255], pid=os.getpid(),
+                started_at=db_now(), **vals))
+        rows = await conn.execute(
+            select(J.c.id, J.c.attempts, J.c.cancel_requested)
+            .where(J.c.state == lit(S.RUNNING), J.c.lease_owner == q.worker_id)
+        )
+        return list(rows)
+
+    async def _reconcile(self, mine: dict[int, int], rows: list[Any]) -> None:
+        held = {r.id: r for r in rows}
+        # Only jobs known before the beat began: a claim committed during it is not a loss.
+        for jid, attempt in mine.items():
+            r = self.running.get(jid)
+            key = (jid, attempt)
+            if r is None or r.claimed.attempt != attempt or key in self.reasons:
+                continue
+            if r.outcome_queued or r.task.done():
+                continue  # finished; its outcome is on the way
+            h = held.get(jid)
+            if h is None or h.attempts != attempt:
+                log.warning("job %s attempt %s lost its lease; stopping it", jid, attempt,
+                            extra=_extra(self.q, r.claimed))
+                self.reasons[key] = "lost"
+                r.task.cancel()
+            elif h.cancel_requested:
+                log.info("job %s cancel requested; stopping it", jid,
+                         extra=_extra(self.q, r.claimed))
+                self.reasons[key] = "cancel"
+                r.task.cancel()
+        # Leased to us in the database but not running here (a claim whose commit answer
+        # was lost): release them. Seen on two beats in a row with no claim in flight, so a
+        # claim that committed but has not started its jobs yet is never mistaken for one.
+        unknown = set()
+        for h in rows:
+            r = self.running.get(h.id)
+            if r is None or r.claimed.attempt != h.attempts:
+                unknown.add((h.id, h.attempts))
+        if self.claiming:
+            self.orphans |= unknown
+            return
+        orphans, self.orphans = sorted(unknown & self.orphans), unknown
+        if orphans:
+            await self._release_orphans(orphans)
+
+    async def _release_orphans(self, orphans: list[tuple[int, int]]) -> None:
+        q = self.q
+        outs = [Outcome(i, a, q.worker_id, "released") for i, a in orphans]
+        try:
+            done = await q._write(partial(_finish, q, outcomes=outs))
+        except Exception as exc:
+            if not self._retryable(exc):
+                raise
+            log.warning("could not release %d orphaned lease(s) (%s)", len(outs), exc)
+            return
+        if done:
+            log.warning("released %d job(s) leased to this worker but not running here: %s",
+                        len(done), [o.job_id for o in done])
+            self.orphans -= {(o.job_id, o.attempt) for o in done}
+            self.wake.set()
+
+    async def _lease_guard(self) -> None:
+        """Stop (and release) a job whose lease has gone unrenewed for almost lease_ttl: past
+        that point another worker may reclaim it, and the job must not run twice at once."""
+        q = self.q
+        every = min(q.heartbeat_interval / 2, q.lease_ttl / 8)
+        while True:
+            await asyncio.sleep(every)
+            now = time.monotonic()
+            for jid, r in list(self.running.items()):
+                key = (jid, r.claimed.attempt)
+                if r.outcome_queued or r.task.done() or key in self.reasons:
+                    continue
+                if now > r.renewed_at + q.lease_ttl - self.margin:
+                    log.warning("job %s attempt %s: lease unrenewed for %.1fs; stopping it "
+                                "before another worker may reclaim it", jid, r.claimed.attempt,
+                                now - r.renewed_at, extra=_extra(q, r.claimed))
+                    self.reasons[key] = "expired"
+                    r.task.cancel()
 
     async def _reclaim_loop(self) -> None:
         """Expired leases (dead or frozen workers) count as a failed attempt and are retried."""
@@ -273,7 +462,10 @@ class Worker:
             async def sweep(conn: Any) -> list[JobEvent]:
                 rows = (await conn.execute(q._ops.skip_locked(
                     select(J.c.id, J.c.attempts, J.c.lease_owner, J.c.type, J.c.group_key)
-                    .where(J.c.state == lit(S.RUNNING), J.c.lease_expires < db_now())
+                    # Never our own: we renew what we run, flush what we ran (after an outage
+                    # the outcome may still be queued here) and release orphans ourselves.
+                    .where(J.c.state == lit(S.RUNNING), J.c.lease_expires < db_now(),
+                           J.c.lease_owner != q.worker_id)
                     .order_by(J.c.id).limit(500)
                 ))).all()
                 outs = [
@@ -295,7 +487,7 @@ class Worker:
             if events:
                 log.warning("reclaimed %d job(s) with expired leases", len(events),
                             extra={"worker": q.worker_id})
-                for ev in events:
+                for ev in events:  # reported once, here: the dead worker cannot
                     report(ev)
                     q._hooks.emit(ev)
                 self.wake.set()
@@ -303,27 +495,70 @@ class Worker:
 
     # -- shutdown and idleness ------------------------------------------------------------
     async def _drain(self) -> None:
-        """Stop claiming; give running jobs shutdown_timeout; then cancel and release them."""
+        """Stop claiming; give running jobs shutdown_timeout; then cancel and release them.
+
+        Flushes outcomes itself (the flusher may already be gone if a side loop crashed) and
+        finally releases any lease this worker holds without running the job."""
         self.stopping = True
-        tasks = [r.task for r in self.running.values()]
-        if tasks:
-            log.info("shutting down: waiting up to %ss for %d job(s)", self.q.shutdown_timeout,
-                     len(tasks))
-            _, pending = await asyncio.wait(tasks, timeout=self.q.shutdown_timeout)
-            for t in pending:
-                jid = next((i for i, r in self.running.items() if r.task is t), None)
-                if jid is not None:
-                    self.reasons[jid] = "shutdown"
-                t.cancel()
-            if pending:
-                await asyncio.wait(pending, timeout=5.0)
-        # let the flusher write what finished (or was released) before the side loops stop
+        q = self.q
+        if self.running:
+            log.info("shutting down: waiting up to %ss for %d job(s)", q.shutdown_timeout,
+                     len(self.running))
+        end = time.monotonic() + q.shutdown_timeout
+        while True:
+            live = [(jid, r) for jid, r in self.running.items() if not r.task.done()]
+            now = time.monotonic()
+            if not live or now >= end:
+                break
+            # If the heartbeat is gone (a side loop crashed), leases are not renewed while we
+            # wait: stop a job before its lease could expire rather than at shutdown_timeout.
+            for jid, r in live:
+                if now > r.renewed_at + q.lease_ttl - self.margin:
+                    self.reasons.setdefault((jid, r.claimed.attempt), "shutdown")
+                    r.task.cancel()
+            await asyncio.wait([r.task for _, r in live],
+                               timeout=min(end - now, q.heartbeat_interval / 2))
+        pending = []
+        for jid, r in list(self.running.items()):
+            if not r.task.done():
+                self.reasons.setdefault((jid, r.claimed.attempt), "shutdown")
+                r.task.cancel()
+                pending.append(r.task)
+        if pending:
+            await asyncio.wait(pending, timeout=5.0)
         deadline = time.monotonic() + max(self.q.shutdown_timeout, 5.0)
-        while self.running and time.monotonic() < deadline:
-            self.outbox_event.set()
-            self.flushed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.flushed.wait(), timeout=0.2)
+        delay = 0.05
+        while time.monotonic() < deadline:
+            async with self.flush_lock:  # a write the flusher has in flight must land first
+                pass
+            if not self.outbox:
+                break
+            if not await self._flush():
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+        try:
+            await self._release_all_orphans()
+        except Exception as exc:  # their leases expire and they are reclaimed
+            log.warning("could not release leases at shutdown (%s)", exc)
+
+    async def _release_all_orphans(self) -> None:
+        q = self.q
+        J = q._t.jobs
+
+        async def owned(conn: Any) -> list[Any]:
+            return list(await conn.execute(
+                select(J.c.id, J.c.attempts)
+                .where(J.c.state == lit(S.RUNNING), J.c.lease_owner == q.worker_id)))
+
+        rows = await q._read(owned)
+        orphans = []
+        for row in rows:
+            r = self.running.get(row.id)
+            if r is None or r.claimed.attempt != row.attempts or (
+                    r.task.done() and not r.outcome_queued):
+                orphans.append((row.id, row.attempts))
+        if orphans:
+            await self._release_orphans(orphans)
 
     async def _idle(self, types: list[str]) -> bool:
         J = self.q._t.jobs
@@ -352,7 +587,7 @@ class Worker:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                if not self.q._ops.is_transient(exc) and not _is_db_error(exc):
+                if not self._retryable(exc):
                     raise
                 log.warning("%s: database error (%s); retrying in %.1fs", name, exc, delay,
                             extra={"worker": self.q.worker_id})
@@ -392,8 +627,3 @@ def report(ev: JobEvent) -> None:
     else:
         jlog.info("%s %s%s", head, ev.event, took, extra=x)
 
-
-def _is_db_error(exc: BaseException) -> bool:
-    from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
-
-    return isinstance(exc, (OperationalError, InterfaceError, DBAPIError, OSError))

@@ -233,6 +233,23 @@ async def test_key_is_unique_among_live_jobs(queue: JobQueue) -> None:
     assert await queue.enqueue("t", {"n": 8}, key="k") not in (first, reused)
 
 
+async def test_concurrent_enqueues_of_one_key_insert_one_job(
+    make_queue: Callable[..., JobQueue],
+) -> None:
+    """Producers racing with the same key (separate engines: real concurrency) all get the
+    one job's id; the unique index on live_key turns the loser's insert into a re-read."""
+    queues = [make_queue() for _ in range(4)]
+    for q in queues:
+        await q.start()
+    before = await counts(queues[0])
+    for round_ in range(3):
+        ids = await asyncio.gather(
+            *(q.enqueue("t", {"r": round_}, key=f"race-{round_}") for q in queues for _ in range(2))
+        )
+        assert len(set(ids)) == 1, ids
+    assert await counts(queues[0]) == (before[0] + 3, before[1])
+
+
 async def test_run_after_is_not_claimed_before_its_time(
     make_queue: Callable[..., JobQueue],
 ) -> None:
@@ -259,7 +276,7 @@ async def test_run_after_is_not_claimed_before_its_time(
         finally:
             server.cancel()
             await asyncio.gather(server, return_exceptions=True)
-        assert seen["now"] - t0 < 1.0
+        assert seen["now"] < seen["at"] < seen["later"]
         assert seen["at"] - t0 >= 0.9
         assert seen["later"] - t0 >= 1.4
         job = await q.get(later)
@@ -416,7 +433,8 @@ async def test_cycle_with_a_container_already_in_the_database(queue: JobQueue) -
         {"weight": 0}, {"weight": -1}, {"weight": 1.5}, {"timeout": -1.0}, {"timeout": 0},
         {"timeout": math.nan}, {"max_attempts": 0}, {"max_attempts": True}, {"key": ""},
         {"key": "k" * 256}, {"key": 5}, {"priority": "high"}, {"run_after": "soon"},
-        {"group": ""}, {"depends_on": [0]}, {"depends_on": [True]},
+        {"group": ""}, {"depends_on": [0]}, {"depends_on": [True]}, {"depends_on": [2**70]},
+        {"parent": 2**63},
     ],
 )
 async def test_invalid_options_are_rejected(queue: JobQueue, options: dict[str, Any]) -> None:
