@@ -100,7 +100,9 @@ class Completer:
         for o in applied:
             row = held[o.job_id]
             kind = o.kind
-            if kind == "failed" and row.cancel_requested:
+            # A cancel requested while the attempt ran wins over a retry or a release (else
+            # the next claim would reset the flag and the cancel would be lost).
+            if kind in ("failed", "released") and row.cancel_requested:
                 kind = "cancelled"
             retry_in: float | None = None
             if kind == "done":

@@ -175,6 +175,12 @@ class Worker:
         self.wake.set()
 
     def _start(self, c: Claimed, leased_at: float) -> None:
+        old = self.running.get(c.id)
+        if old is not None and not old.task.done():
+            # our earlier attempt was reclaimed (we were too slow to renew) and we claimed the
+            # job again before the heartbeat noticed: the old attempt must not run on
+            self.reasons.setdefault((c.id, old.claimed.attempt), "lost")
+            old.task.cancel()
         self.claims += 1
         notify(self.q._local_limits, "on_start", c.type, c.group)
         task = asyncio.create_task(self._run(c), name=f"ajq-job-{c.id}")
@@ -276,7 +282,9 @@ class Worker:
             q._local_done.set()
             q._local_done = asyncio.Event()
             self.wake.set()
-            if not self.outbox:
+            if self.outbox:
+                self.outbox_event.set()  # a partial batch (one by one): go on with the rest
+            else:
                 self.flushed.set()
             return True
 
@@ -494,6 +502,13 @@ class Worker:
             await asyncio.sleep(min(q.lease_ttl / 4, max(q.poll_interval, 0.05) * 5))
 
     # -- shutdown and idleness ------------------------------------------------------------
+    def hurry(self) -> None:
+        """Shutting down: stop waiting for running jobs; cancel and release them now."""
+        for jid, r in self.running.items():
+            if self.stopping and not r.task.done():
+                self.reasons.setdefault((jid, r.claimed.attempt), "shutdown")
+                r.task.cancel()
+
     async def _drain(self) -> None:
         """Stop claiming; give running jobs shutdown_timeout; then cancel and release them.
 

@@ -44,7 +44,7 @@ async def test_chaos_sigkill_workers_over_a_dag(
             for i in range(N_JOBS):
                 window = refs[max(0, i - 80):]
                 ups = rnd.sample(window, k=min(len(window), rnd.choice([0, 1, 1, 2, 3])))
-                ref = b.add("chaos", {"ms": rnd.randint(20, 200)},
+                ref = b.add("chaos", {"ms": rnd.randint(30, 300)},
                             depends_on=ups, max_attempts=20)
                 refs.append(ref)
                 deps_of[i] = [refs.index(u) for u in ups]
@@ -56,7 +56,7 @@ async def test_chaos_sigkill_workers_over_a_dag(
             fleet.spawn()
         t0 = time.monotonic()
         deadline = t0 + 150
-        next_kill = t0 + rnd.uniform(1.5, 3.0)
+        next_kill = t0 + rnd.uniform(1.0, 2.5)
         kills = 0
         J = q._t.jobs
 
@@ -78,7 +78,7 @@ async def test_chaos_sigkill_workers_over_a_dag(
                 fleet.kill(victim)
                 kills += 1
                 fleet.spawn()
-                next_kill = time.monotonic() + rnd.uniform(1.5, 3.0)
+                next_kill = time.monotonic() + rnd.uniform(1.0, 2.5)
             await asyncio.sleep(0.1)
         took = time.monotonic() - t0
         for p in fleet.alive():

@@ -100,3 +100,42 @@ async def test_commit_whose_answer_was_lost_is_finalized_once(
         assert calls == [1, 1]  # each job ran once; nothing re-ran
         assert events == ["done", "done"], events  # reported applied, not "discarded"
         assert "committed though its answer was lost" in caplog.text
+
+
+@pytest.mark.parametrize("db", ["postgresql"], indirect=True)  # JSONB refuses \u0000
+async def test_an_outcome_the_database_refuses_does_not_block_the_others(
+    make_queue: Callable[..., JobQueue], caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A result that passes JSON checks but that the column refuses (PostgreSQL JSONB cannot
+    hold \\u0000) is not retried forever holding its job and its batch-mates hostage: the
+    others are written, and the bad attempt fails with FinalizeError."""
+    caplog.set_level(logging.WARNING, "aiojobqueue")
+    q = make_queue()
+    gate = asyncio.Event()
+
+    @q.handler("emit")
+    async def emit(ctx: JobContext, text: str) -> dict[str, str]:
+        await gate.wait()  # finish together: one finalize batch
+        return {"text": text.replace("NUL", "\x00")}
+
+    async with q:
+        bad = await q.enqueue("emit", {"text": "NUL"}, max_attempts=1)
+        good = [await q.enqueue("emit", {"text": f"fine {i}"}) for i in range(3)]
+        serving = asyncio.create_task(q.serve())
+        try:
+            await asyncio.sleep(0.5)
+            gate.set()
+            for g in good:
+                assert (await q.wait(g, timeout=20))["text"].startswith("fine")
+            job = None
+            for _ in range(200):
+                job = await q.get(bad)
+                if job.state == JobState.FAILED:
+                    break
+                await asyncio.sleep(0.1)
+        finally:
+            serving.cancel()
+            await asyncio.gather(serving, return_exceptions=True)
+        assert job is not None and job.state == JobState.FAILED, job
+        assert job.error["type"] == "FinalizeError"
+        assert "could not be recorded" in job.error["message"]

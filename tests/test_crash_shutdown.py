@@ -73,3 +73,54 @@ async def test_cancelling_serve_releases_running_jobs(
         assert stopped == ["cancelled"]
         assert job.state == JobState.READY and job.lease_owner is None  # runnable at once
         assert job.attempts == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("db", ["sqlite"], indirect=True)  # signal handling is not dialectal
+async def test_sigint_and_a_second_signal_release_at_once(
+    make_queue: Callable[..., JobQueue], fleet_factory: Callable[..., Fleet]  # noqa: F811
+) -> None:
+    import signal
+
+    async with make_queue() as q:
+        fleet = fleet_factory(ttl=60.0, hb=1.0, shutdown_timeout=60.0)
+        a = fleet.spawn()
+        await fleet.ready(a)
+        jid = await q.enqueue("sleep", {"seconds": 600.0})
+        await fleet.wait_for("start", job=jid, pid=a.pid)
+        fleet.note("sigint", child=a.pid)
+        a.send_signal(signal.SIGINT)
+        await asyncio.sleep(0.5)
+        assert a.poll() is None  # waiting for the job (shutdown_timeout 60 s)
+        a.send_signal(signal.SIGINT)  # impatient operator: stop now
+        assert a.wait(timeout=15) == 0, fleet.dump()
+        await fleet.wait_for("released", job=jid, pid=a.pid)
+        job = await q.get(jid)
+        assert job.state == JobState.READY and job.lease_owner is None and job.attempts == 1
+
+
+async def test_cancel_requested_just_before_shutdown_is_not_lost(
+    make_queue: Callable[..., JobQueue],
+) -> None:
+    """cancel() lands, then the worker shuts down before its heartbeat saw the request: the
+    release must not turn the job runnable again (the next claim would clear the flag)."""
+    q = make_queue(lease_ttl=20.0, heartbeat_interval=5.0, shutdown_timeout=0.1)
+    started = asyncio.Event()
+
+    @q.handler("forever")
+    async def forever(ctx: JobContext) -> None:
+        started.set()
+        await asyncio.sleep(3600)
+
+    async with q:
+        jid = await q.enqueue("forever", {})
+        dep = await q.enqueue("forever", {}, depends_on=[jid])
+        serving = asyncio.create_task(q.serve())
+        await asyncio.wait_for(started.wait(), 20)
+        await asyncio.sleep(0.2)  # past the first heartbeat; the next one is 5 s away
+        await q.cancel(jid)
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        job = await q.get(jid)
+        assert job.state == JobState.CANCELLED, job
+        assert (await q.get(dep)).state == JobState.CANCELLED
