@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from .queue import JobQueue
 
 CHUNK = 1000
+MAX_ID = 2**63 - 1  # BIGINT / SQLite INTEGER
 
 
 class UnknownJobError(InvalidJobError, JobNotFoundError):
@@ -216,6 +217,8 @@ class Batch:
             return
         if not _is_int(r) or r < 1:
             raise InvalidJobError(f"not a job id or batch ref: {r!r}")
+        if r > MAX_ID:  # the database would reject it with a driver error
+            raise UnknownJobError(f"unknown job id in depends_on/parent: {r}")
 
     # -- context manager --------------------------------------------------------------------
     async def __aenter__(self) -> Batch:
@@ -442,79 +445,81 @@ def _with_times(row: dict[str, Any], now: Any) -> dict[str, Any]:
     return r
 
 
+async def _shapes(
+    q: JobQueue, conn: AsyncConnection, rows: list[dict[str, Any]]
+) -> list[tuple[list[int], Any, list[dict[str, Any]]]]:
+    """Split rows into statement shapes: (row indexes, INSERT, executemany params). The
+    common rows take their times from the database clock inside the INSERT; the rare ones
+    (absolute run_after, born cancelled) a clock read once."""
+    J = q._t.jobs
+    common = [i for i, r in enumerate(rows) if r["_delay"] is not None and not r["_dead"]]
+    rare = [i for i, r in enumerate(rows) if r["_delay"] is None or r["_dead"]]
+    out: list[tuple[list[int], Any, list[dict[str, Any]]]] = []
+    if common:
+        stmt = insert(J).values(created_at=db_now(), finished_at=None,
+                                run_after=utcnow_plus(bindparam("_delay")))
+        out.append((common, stmt, [{k: v for k, v in rows[i].items()
+                                    if k not in ("_dead", "run_after")} for i in common]))
+    if rare:
+        now = (await conn.execute(select(db_now()))).scalar_one()
+        out.append((rare, insert(J), [_with_times(rows[i], now) for i in rare]))
+    return out
+
+
 async def _insert_rows(
     q: JobQueue, conn: AsyncConnection, rows: list[dict[str, Any]], wake: bool = False
 ) -> list[int]:
     """Insert job rows (from insert_specs) and return their ids in order. ``wake``: also send
     the dialect's wake-up from this statement when it can (see DialectOps.notify_expr)."""
     J = q._t.jobs
-    out: list[int] = []
     dialect = conn.dialect
     ordered = dialect.insert_executemany_returning_sort_by_parameter_order and bool(
         dialect.insertmanyvalues_implicit_sentinel & InsertmanyvaluesSentinelOpts.ANY_AUTOINCREMENT
     )
     notify = q._ops.notify_expr() if wake else None
     extra = [notify] if notify is not None else []
-    if dialect.insert_returning and ordered and not q._force_insert_fallback:
-        # executemany (insertmanyvalues): one statement shape for the common rows, with the
-        # times computed by the database; the rare rows (absolute run_after, born cancelled)
-        # take the fetched clock.
-        common = [i for i, r in enumerate(rows) if r["_delay"] is not None and not r["_dead"]]
-        rare = [i for i, r in enumerate(rows) if r["_delay"] is None or r["_dead"]]
-        ids: dict[int, int] = {}
-        if common:
-            stmt = insert(J).values(created_at=db_now(), finished_at=None,
-                                    run_after=utcnow_plus(bindparam("_delay")))
-            params = [{k: v for k, v in rows[i].items() if k not in ("_dead", "run_after")}
-                      for i in common]
-            for c in range(0, len(common), CHUNK * 5):
+    ids: dict[int, int] = {}
+    for idx, stmt, params in await _shapes(q, conn, rows):
+        if dialect.insert_returning and ordered and not q._force_insert_fallback:
+            for c in range(0, len(idx), CHUNK * 5):
                 res = await conn.execute(
                     stmt.returning(J.c.id, *extra, sort_by_parameter_order=True),
                     params[c : c + CHUNK * 5],
                 )
-                ids.update(zip(common[c : c + CHUNK * 5], (r[0] for r in res.all()), strict=True))
+                ids.update(zip(idx[c : c + CHUNK * 5], (r[0] for r in res.all()), strict=True))
                 extra = []
-        if rare:
-            now = (await conn.execute(select(db_now()))).scalar_one()
-            params = [_with_times(rows[i], now) for i in rare]
-            for c in range(0, len(rare), CHUNK * 5):
-                res = await conn.execute(
-                    insert(J).returning(J.c.id, *extra, sort_by_parameter_order=True),
-                    params[c : c + CHUNK * 5],
-                )
-                ids.update(zip(rare[c : c + CHUNK * 5], (r[0] for r in res.all()), strict=True))
+        elif dialect.insert_returning and not q._force_insert_fallback:
+            # SQLite: without an implicit sentinel SQLAlchemy would send ordered RETURNING one
+            # row per statement. Unordered, it sends multi-row INSERTs in order; under the
+            # write lock each numbers its rows upwards in VALUES order, so the sorted ids are
+            # the rows' ids.
+            for c in range(0, len(idx), CHUNK * 5):
+                chunk = params[c : c + CHUNK * 5]
+                res = await conn.execute(stmt.returning(J.c.id, *extra), chunk)
+                got = sorted(r[0] for r in res.all())
+                if len(got) != len(chunk):  # pragma: no cover - defensive
+                    raise RuntimeError("multi-row INSERT returned the wrong number of ids")
+                ids.update(zip(idx[c : c + CHUNK * 5], got, strict=True))
                 extra = []
-        return [ids[i] for i in range(len(rows))]
-    rows = [_with_times(r, db_now()) for r in rows]
-    if dialect.insert_returning and not q._force_insert_fallback:
-        # SQLite: without an implicit sentinel SQLAlchemy would send ordered RETURNING one row
-        # per statement. One multi-row INSERT under the write lock numbers its rows upwards
-        # in VALUES order, so the sorted returned ids are the rows' ids in order.
-        size = max(1, min(CHUNK, dialect.insertmanyvalues_max_parameters // max(len(rows[0]), 1)))
-        for i in range(0, len(rows), size):
-            chunk = rows[i : i + size]
-            res = await conn.execute(insert(J).values(chunk).returning(J.c.id))
-            got = sorted(r[0] for r in res.all())
-            if len(got) != len(chunk):  # pragma: no cover - defensive
-                raise RuntimeError("multi-row INSERT returned the wrong number of ids")
-            out.extend(got)
-        return out
-    # MySQL 8 has no INSERT ... RETURNING, and with innodb_autoinc_lock_mode=2 a multi-row
-    # INSERT's ids are increasing but not guaranteed consecutive. So tag the rows with a token in
-    # the (still unused) lease_owner column, read the ids back in id order, and clear the tag.
-    token = f"insert:{uuid.uuid4().hex}"
-    for i in range(0, len(rows), CHUNK):
-        chunk = [dict(r, lease_owner=token) for r in rows[i : i + CHUNK]]
-        await conn.execute(insert(J).values(chunk))
-        got = [r[0] for r in await conn.execute(
-            select(J.c.id).where(J.c.state.in_(S.LIVE + S.TERMINAL), J.c.lease_owner == token)
-            .order_by(J.c.id)
-        )]
-        if len(got) != len(chunk):  # pragma: no cover - would mean a broken id mapping
-            raise RuntimeError(f"inserted {len(chunk)} jobs but found {len(got)}")
-        await conn.execute(update(J).where(J.c.id.in_(got)).values(lease_owner=None))
-        out.extend(got)
-    return out
+        else:
+            # MySQL 8 has no INSERT ... RETURNING, and with innodb_autoinc_lock_mode=2 a
+            # multi-row INSERT's ids are increasing but not guaranteed consecutive. So tag the
+            # rows with a token in the (still unused) lease_owner column, read the ids back
+            # in id order, and clear the tag.
+            token = f"insert:{uuid.uuid4().hex}"
+            for c in range(0, len(idx), CHUNK):
+                chunk = [dict(r, lease_owner=token) for r in params[c : c + CHUNK]]
+                await conn.execute(stmt, chunk)  # executemany: batched multi-row INSERTs
+                got = [r[0] for r in await conn.execute(
+                    select(J.c.id)
+                    .where(J.c.state.in_(S.LIVE + S.TERMINAL), J.c.lease_owner == token)
+                    .order_by(J.c.id)
+                )]
+                if len(got) != len(chunk):  # pragma: no cover - would mean a broken id mapping
+                    raise RuntimeError(f"inserted {len(chunk)} jobs but found {len(got)}")
+                await conn.execute(update(J).where(J.c.id.in_(got)).values(lease_owner=None))
+                ids.update(zip(idx[c : c + CHUNK], got, strict=True))
+    return [ids[i] for i in range(len(rows))]
 
 
 def _parent_first(specs: Sequence[_Spec], node: Any) -> list[_Spec]:

@@ -125,9 +125,15 @@ def _error(
     }
 
 
-async def run_attempt(q: JobQueue, c: Claimed, reasons: dict[int, str]) -> Outcome | None:
-    """Run ``c`` to an Outcome. ``reasons[c.id]`` says why the worker cancelled it, if it did:
-    "cancel" (cancel requested), "lost" (lease lost: nothing to write), "shutdown"."""
+#: Why the worker cancelled an attempt, keyed by (job id, attempt).
+Reasons = dict[tuple[int, int], str]
+
+
+async def run_attempt(q: JobQueue, c: Claimed, reasons: Reasons) -> Outcome | None:
+    """Run ``c`` to an Outcome. ``reasons[(c.id, c.attempt)]`` says why the worker cancelled
+    it, if it did: "cancel" (cancel requested: the job ends cancelled), "lost" (the lease
+    belongs to someone else: nothing to write), "shutdown" (graceful stop) or "expired" (the
+    lease could not be renewed in time): both release the job so it runs again at once."""
     me = q.worker_id
     spec = q._handlers.get(c.type)
     if spec is None:  # never claimed without a handler; defensive
@@ -141,7 +147,7 @@ async def run_attempt(q: JobQueue, c: Claimed, reasons: dict[int, str]) -> Outco
         check_json(result, f"result of {c.type!r}")
         return Outcome(c.id, c.attempt, me, "done", result=result)
     except asyncio.CancelledError:
-        reason = reasons.get(c.id)
+        reason = reasons.get((c.id, c.attempt))
         if reason is None:
             raise
         task = asyncio.current_task()
@@ -149,7 +155,7 @@ async def run_attempt(q: JobQueue, c: Claimed, reasons: dict[int, str]) -> Outco
             task.uncancel()
         if reason == "cancel":
             return Outcome(c.id, c.attempt, me, "cancelled")
-        if reason == "shutdown":
+        if reason in ("shutdown", "expired"):
             return Outcome(c.id, c.attempt, me, "released")
         return None
     except TimeoutError as exc:
@@ -161,10 +167,13 @@ async def run_attempt(q: JobQueue, c: Claimed, reasons: dict[int, str]) -> Outco
                            error=_error(exc, "TimeoutError", f"timed out after {limit}s"))
         return Outcome(c.id, c.attempt, me, "failed", error=_error(exc))
     except BaseException as exc:
-        log.info("job %s (%s) attempt %s failed: %r", c.id, c.type, c.attempt, exc,
-                 extra=_extra(q, c))
+        # The worker logs the outcome once committed (retry or failed for good); this one
+        # carries the traceback for whoever debugs at DEBUG level.
+        log.debug("job %s (%s) attempt %s raised %r", c.id, c.type, c.attempt, exc,
+                  extra=_extra(q, c), exc_info=exc)
         return Outcome(c.id, c.attempt, me, "failed", error=_error(exc))
 
 
 def _extra(q: JobQueue, c: Claimed) -> dict[str, Any]:
-    return {"job_id": c.id, "job_type": c.type, "attempt": c.attempt, "worker": q.worker_id}
+    return {"job_id": c.id, "job_type": c.type, "attempt": c.attempt, "worker": q.worker_id,
+            "group": c.group}

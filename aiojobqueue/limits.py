@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import logging
+import math
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from sqlalchemy import delete, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from .errors import ConfigurationError
 from .timeutil import utcnow_plus
 
 if TYPE_CHECKING:
     from .queue import JobQueue
+
+log = logging.getLogger("aiojobqueue.limits")
 
 
 class Limit:
@@ -42,10 +48,12 @@ class RateLimit(Limit):
     """
 
     def __init__(self, n: int, per: float = 1.0, *, name: str = "default") -> None:
-        if not isinstance(n, int) or n < 1:
-            raise ValueError(f"RateLimit n must be an int >= 1, got {n!r}")
-        if per <= 0:
-            raise ValueError(f"RateLimit per must be > 0 seconds, got {per!r}")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ConfigurationError(f"RateLimit n must be an int >= 1, got {n!r}")
+        if not isinstance(per, (int, float)) or not math.isfinite(per) or per <= 0:
+            raise ConfigurationError(f"RateLimit per must be > 0 seconds, got {per!r}")
+        if not isinstance(name, str) or not name or len(name) > 100:
+            raise ConfigurationError(f"RateLimit name must be 1-100 chars, got {name!r}")
         self.n, self.per, self.name = n, float(per), name
         self._queue: JobQueue | None = None
 
@@ -75,3 +83,39 @@ class RateLimit(Limit):
         await conn.execute(
             delete(R).where(R.c.name == self.name, R.c.at < utcnow_plus(-self.per * 2))
         )
+
+
+def check_limits(limits: Iterable[object]) -> None:
+    """Reject what is not a Limit, and RateLimits sharing a name (they would share one
+    ledger and each count the other's starts). Raises ConfigurationError."""
+    names: set[str] = set()
+    for lim in limits:
+        if not isinstance(lim, Limit):
+            raise ConfigurationError(f"limits must be Limit instances (subclass it): {lim!r}")
+        if isinstance(lim, RateLimit):
+            if lim.name in names:
+                raise ConfigurationError(
+                    f"two RateLimits named {lim.name!r}: give each a distinct name=")
+            names.add(lim.name)
+
+
+async def local_budget(limits: Iterable[Limit], free: int) -> int:
+    """``free`` lowered to what every limit allows now. A limit that raises (or answers
+    nonsense) allows nothing this tick: fail closed, log it, and keep serving."""
+    for lim in limits:
+        try:
+            n = await lim.available()
+            free = min(free, max(int(n), 0))
+        except Exception:
+            log.exception("limit %r failed in available(); starting nothing this tick", lim)
+            return 0
+    return free
+
+
+def notify(limits: Iterable[Limit], event: str, job_type: str, group: str) -> None:
+    """Call ``on_start``/``on_finish`` on every limit; one that raises is logged, not fatal."""
+    for lim in limits:
+        try:
+            getattr(lim, event)(job_type, group)
+        except Exception:
+            log.exception("limit %r failed in %s()", lim, event)

@@ -14,11 +14,11 @@ from typing import Any, TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 
 from . import schema as S
-from .batch import Batch, JobRef, _Spec, insert_specs
+from .batch import MAX_ID, Batch, JobRef, _Spec, insert_specs
 from .completer import Completer
 from .dialects.base import DialectOps, dialect_for, engine_kwargs_for
 from .errors import (
@@ -29,7 +29,7 @@ from .errors import (
 )
 from .executor import Handler, HandlerSpec
 from .hooks import Hooks
-from .limits import Limit, RateLimit
+from .limits import Limit, RateLimit, check_limits
 from .models import Job, JobState
 from .periodic import Schedule, make_schedule
 from .worker import Worker
@@ -86,6 +86,7 @@ class JobQueue:
         self.concurrency = concurrency
         self.capacity = capacity
         self.limits = list(limits)
+        check_limits(self.limits)
         self.group_limits = dict(group_limits or {})
         self.lease_ttl = float(lease_ttl)
         self.heartbeat_interval = float(heartbeat_interval)
@@ -159,12 +160,14 @@ class JobQueue:
         """
         if name in self._schedules:
             raise ConfigurationError(f"a schedule named {name!r} is already registered")
-        self._schedules[name] = make_schedule(
-            name, type=type, args=args, every=every, cron=cron, **options
-        )
+        sched = make_schedule(name, type=type, args=args, every=every, cron=cron, **options)
+        self.batch().add(sched.type, sched.args, **sched.options)  # bad options fail now
+        self._schedules[name] = sched
 
     def on(self, event: str, fn: Callable[..., Any]) -> None:
-        """Call ``fn`` on a lifecycle event: start, done, failed, cancelled, released."""
+        """Call ``fn(event: JobEvent)`` on a lifecycle event of an attempt: start, done, retry,
+        failed (for good), cancelled, released (by shutdown) or discarded (fenced out).
+        See ``aiojobqueue.hooks`` for what each means."""
         self._hooks.add(event, fn)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -177,8 +180,11 @@ class JobQueue:
     ) -> None:
         await self.close()
 
-    async def start(self) -> None:
-        """Connect and create or upgrade the schema. Idempotent."""
+    async def start(self, *, migrate: bool = True) -> None:
+        """Connect and create or upgrade the schema. Idempotent.
+
+        ``migrate=False`` creates nothing: it raises SchemaError unless the schema is there
+        and current (for read-only tools such as ``aiojobqueue status``)."""
         if self._engine is not None:
             return
         if isinstance(self._url, AsyncEngine):
@@ -193,9 +199,9 @@ class JobQueue:
         self._engine = ops.prepare_engine(engine)
         self._ops = ops
         try:
-            from .migrate import upgrade
+            from .migrate import check, upgrade
 
-            await upgrade(self)
+            await (upgrade(self) if migrate else check(self))
         except BaseException:
             await self.close()
             raise
@@ -220,7 +226,7 @@ class JobQueue:
             try:
                 async with self.engine.begin() as conn:
                     return await fn(conn)
-            except (DBAPIError, OSError) as exc:
+            except Exception as exc:  # drivers may raise unwrapped errors: ask the dialect
                 if attempt == retries or not self._ops.is_transient(exc):
                     raise
                 await asyncio.sleep(delay * (1 + random.random()))
@@ -319,6 +325,7 @@ class JobQueue:
     # -- inspection -----------------------------------------------------------------------
     async def get(self, job_id: int) -> Job:
         """A snapshot of one job. Raises JobNotFoundError."""
+        _check_id(job_id)
         J, D = self._t.jobs, self._t.deps
 
         async def read(conn: AsyncConnection) -> Job:
@@ -346,17 +353,21 @@ class JobQueue:
                 if job.state == JobState.CANCELLED:
                     raise JobCancelled(job_id, job.error)
                 done = self._local_done
+                # asyncio.timeout, not wait_for (3.11's wait_for can swallow a cancellation)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(done.wait(), timeout=delay)
+                    async with asyncio.timeout(delay):
+                        await done.wait()
                 delay = min(delay * 1.5, self.poll_interval)
 
     async def cancel(self, job_id: int) -> None:
         """Cancel a job or container and everything waiting on it. A running job is stopped
         by its worker within about one heartbeat interval."""
+        _check_id(job_id)
         await self._write(lambda conn: self._completer.cancel(conn, job_id))
 
     async def retry(self, job_id: int) -> None:
         """Make a failed or cancelled job runnable again, with the jobs its end cancelled."""
+        _check_id(job_id)
         await self._write(lambda conn: self._completer.retry(conn, job_id))
         if self._worker is not None:
             self._worker.wake.set()
@@ -380,6 +391,13 @@ class JobQueue:
             await self._worker.serve(until_idle=True)
         finally:
             self._worker = None
+
+
+def _check_id(job_id: Any) -> None:
+    """Ids are positive 64-bit ints: anything else names no job (and must not reach the
+    driver, which would fail with an untyped error)."""
+    if not isinstance(job_id, int) or isinstance(job_id, bool) or not 0 < job_id <= MAX_ID:
+        raise JobNotFoundError(f"no job with id {job_id!r}")
 
 
 def _to_job(row: Any, deps: list[int]) -> Job:

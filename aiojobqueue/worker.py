@@ -19,12 +19,14 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, select, update
 
 from . import schema as S
 from .claim import Claimed, claim
 from .completer import Outcome, lit
-from .executor import run_attempt
+from .executor import Reasons, run_attempt
+from .hooks import JobEvent
+from .limits import local_budget, notify
 from .periodic import run_schedules
 from .timeutil import db_now, utcnow_plus
 
@@ -32,8 +34,10 @@ if TYPE_CHECKING:
     from .queue import JobQueue
 
 log = logging.getLogger("aiojobqueue.worker")
+#: One record per attempt start/end; silence it alone to keep warnings but not per-job lines.
+jlog = logging.getLogger("aiojobqueue.jobs")
 T = TypeVar("T")
-#: Prefetch aims to hold about this many seconds of work ahead of the free slots.
+#: Prefetch aims to hold about this many seconds of work ahead of the free slots ...
 PREFETCH_HORIZON = 0.05
 #: ... and never more than this many times its capacity.
 PREFETCH_MAX = 2
@@ -43,7 +47,11 @@ PREFETCH_MAX = 2
 class _Running:
     claimed: Claimed
     task: asyncio.Task[None]
+    #: monotonic time at which the last transaction known to have set this lease began: the
+    #: lease is certainly valid until renewed_at + lease_ttl (the database clock set it later).
+    renewed_at: float
     outcome_queued: bool = False
+    started: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -52,45 +60,80 @@ class Worker:
 
     q: JobQueue
     running: dict[int, _Running] = field(default_factory=dict)
-    reasons: dict[int, str] = field(default_factory=dict)
+    reasons: Reasons = field(default_factory=dict)
     outbox: list[Outcome] = field(default_factory=list)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     outbox_event: asyncio.Event = field(default_factory=asyncio.Event)
     flushed: asyncio.Event = field(default_factory=asyncio.Event)
+    flush_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     stopping: bool = False
     idle_exit: bool = False
     claims: int = 0
-    #: Leased (prefetched) jobs waiting for a free handler slot.
-    buffer: deque[Claimed] = field(default_factory=deque)
+    #: a claim transaction is in flight (its rows may be committed but not yet started here)
+    claiming: bool = False
+    #: monotonic start of the last heartbeat that went through
+    beat_ok_at: float = 0.0
+    #: (job, attempt) leased to this worker in the database but unknown here, seen last beat
+    orphans: set[tuple[int, int]] = field(default_factory=set)
+    #: outcomes whose last write failed in a way that may still have committed
+    uncertain: set[tuple[int, int]] = field(default_factory=set)
+    #: consecutive non-retryable write failures of one outcome (a poison outcome)
+    poison: dict[tuple[int, int], int] = field(default_factory=dict)
+    one_by_one: int = 0
+    #: Leased (prefetched) jobs waiting for a free handler slot, with their lease time.
+    buffer: deque[tuple[Claimed, float]] = field(default_factory=deque)
     _active: int = 0  # handlers executing now (capacity caps this)
     _avg_run: float | None = None  # moving average of handler run time, seconds
-    _flushing: int = 0
     _backlog: bool = False  # the last claim got all it asked for
     _poked: bool = False  # a notification arrived since the last round
+    _pumping: bool = False  # the tick loop runs: it writes outcomes with its rounds
+
+    @property
+    def margin(self) -> float:
+        """Stop a job this long before its lease could expire if it was not renewed."""
+        return min(self.q.heartbeat_interval, self.q.lease_ttl / 4)
 
     # -- the loop -------------------------------------------------------------------------
     async def serve(self, until_idle: bool = False) -> None:
         q = self.q
         self.idle_exit = until_idle
         self.stopping = False
-        async with asyncio.TaskGroup() as tg:
-            side = [
-                tg.create_task(self._resilient("heartbeat", self._heartbeat_loop)),
-                tg.create_task(self._flusher()),
-                tg.create_task(self._resilient("reclaim", self._reclaim_loop)),
-            ]
-            if q._schedules and not until_idle:
-                side.append(tg.create_task(self._resilient("periodic", lambda: run_schedules(q))))
-            listener = q._ops.listener(q.engine)
-            if listener is not None and not until_idle:
-                side.append(tg.create_task(
-                    self._resilient("listen", lambda: listener.run(self._on_notify))))
-            try:
-                await self._tick_loop()
-            finally:
-                await self._drain()
-                for t in side:  # side loops end with the tick loop
-                    t.cancel()
+        self.beat_ok_at = time.monotonic()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                side = [
+                    tg.create_task(self._heartbeat_loop()),
+                    tg.create_task(self._lease_guard()),
+                    tg.create_task(self._flusher()),
+                    tg.create_task(self._resilient("reclaim", self._reclaim_loop)),
+                ]
+                if q._schedules and not until_idle:
+                    side.append(tg.create_task(
+                        self._resilient("periodic", lambda: run_schedules(q))))
+                listener = q._ops.listener(q.engine)
+                if listener is not None and not until_idle:
+                    side.append(tg.create_task(
+                        self._resilient("listen", lambda: listener.run(self._on_notify))))
+                try:
+                    await self._tick_loop()
+                finally:
+                    await self._drain()
+                    for t in side:  # side loops end with the tick loop
+                        t.cancel()
+        finally:
+            await self._deregister()
+
+    async def _deregister(self) -> None:
+        """Leave the worker registry on a clean exit, so ``status`` lists live workers only
+        (a worker that dies stays there, its last heartbeat getting older)."""
+        W = self.q._t.workers
+        try:
+            async with asyncio.timeout(5.0):
+                await self.q._write(
+                    lambda conn: conn.execute(W.delete().where(W.c.id == self.q.worker_id)),
+                    retries=2)
+        except Exception as exc:  # best effort: the row only ages
+            log.debug("could not deregister worker %s: %s", self.q.worker_id, exc)
 
     async def _tick_loop(self) -> None:
         """The pump: each round is ONE transaction that writes the finished attempts (fenced)
@@ -99,68 +142,52 @@ class Worker:
         q = self.q
         types = sorted(q._handlers)
         delay = 0.0
-        backoff = 0.0
-        while not self.stopping:
-            quick = False
-            if delay:
-                # Woken from idle by a notification (an enqueue elsewhere): take it at once.
-                quick = await self._sleep_or_wake(delay) and self._poked and not self.outbox
-            else:
-                await asyncio.sleep(0)  # let just-started handlers run: their slots count now
-            if self.stopping:
-                break
-            self.wake.clear()
-            self._poked = False
-            want = q.capacity + self._prefetch() - self._active - len(self.buffer)
-            for lim in q._local_limits:
-                want = min(want, await lim.available())
-            want = max(want, 0) if types else 0
-            batch, self.outbox = self.outbox, []
-            if not batch and not want:
-                delay = q.poll_interval  # a finishing job sets `wake`
-                continue
-            write = asyncio.ensure_future(q._write(partial(_cycle, q, batch, want, types, quick)))
-            try:
-                applied, got = await asyncio.shield(write)
-            except asyncio.CancelledError:
-                # Shutting down mid-round: let the round finish so neither its outcomes nor
-                # its leases are lost; _drain then releases what it claimed.
-                with contextlib.suppress(Exception):
-                    applied, got = await write
-                    self._settled(batch, applied)
-                    self.buffer.extend(got)
-                    batch = []
-                self.outbox = batch + self.outbox
-                raise
-            except Exception as exc:
-                self.outbox = batch + self.outbox  # keep them: leases stay renewed meanwhile
-                if not q._ops.is_transient(exc) and not _is_db_error(exc):
-                    raise
-                backoff = min(max(backoff * 2, 0.2), 5.0)
-                log.warning("claim/finalize round failed (%s); retrying in %.1fs", exc, backoff)
-                delay = backoff
-                continue
-            backoff = 0.0
-            if want:
-                self._backlog = len(got) >= want
-            if batch:
-                self._settled(batch, applied)
-            self.buffer.extend(got)
-            self._fill()
-            idle_now = (self.idle_exit and not got and not self.running and not self.outbox
-                        and not self.buffer)
-            if idle_now and await self._idle(types):
-                return
-            # A full claim means more may be waiting, and outcomes that arrived meanwhile
-            # should be written: go again at once.
-            delay = 0.0 if (got and len(got) == want) or self.outbox else q.poll_interval
+        self._pumping = True
+        try:
+            while not self.stopping:
+                quick = False
+                if delay:
+                    # Woken from idle by a notification (an enqueue elsewhere): go straight
+                    # for the job (see claim(quick=True)).
+                    quick = await self._sleep_or_wake(delay) and self._poked and not self.outbox
+                else:
+                    await asyncio.sleep(0)  # let just-started handlers run: their slots count
+                if self.stopping:
+                    break
+                self.wake.clear()
+                self._poked = False
+                want = q.capacity + self._prefetch() - self._active - len(self.buffer)
+                want = await local_budget(q._local_limits, want)
+                # No new leases while this worker cannot renew the ones it has.
+                if not types or not self._leases_healthy():
+                    want = 0
+                want = max(want, 0)
+                if not want and not self.outbox:
+                    delay = q.poll_interval  # a finishing job sets `wake`
+                    continue
+                ok, got = await self._flush(want, types, quick)
+                if not ok:
+                    delay = min(max(delay * 2, 0.2), 5.0)
+                    continue
+                if want:
+                    self._backlog = len(got) >= want
+                self._fill()
+                idle_now = (self.idle_exit and not got and not self.running and not self.outbox
+                            and not self.buffer)
+                if idle_now and await self._idle(types):
+                    return
+                # A full claim means more may be waiting, and outcomes that arrived meanwhile
+                # should be written: go again at once.
+                delay = 0.0 if (got and len(got) == want) or self.outbox else q.poll_interval
+        finally:
+            self._pumping = False
 
     def _prefetch(self) -> int:
         """Extra jobs to lease ahead of free slots: about what this worker starts within
         PREFETCH_HORIZON at its recent pace, at most PREFETCH_MAX x ``capacity``; only while
         the last claim came back full (a backlog to run through: a shallow ready set is left
         to the other workers). None where a global cap, group cap or limit is counted (a
-        prefetched job would hold a scarce slot idle)."""
+        prefetched job would hold a scarce slot idle), nor where the dialect says so."""
         q = self.q
         if (q._needs_gate or q._local_limits or not q._ops.prefetch or self._avg_run is None
                 or not self._backlog):
@@ -169,14 +196,25 @@ class Worker:
         return min(PREFETCH_MAX * q.capacity, int(pace))
 
     def _fill(self) -> None:
-        """Start prefetched jobs while handler slots are free."""
+        """Start leased jobs while handler slots are free."""
         while self.buffer and self._active < self.q.capacity and not self.stopping:
-            self._start(self.buffer.popleft())
+            c, leased_at = self.buffer.popleft()
+            self._start(c, leased_at)
+
+    def _leases_healthy(self) -> bool:
+        return time.monotonic() - self.beat_ok_at < self.q.lease_ttl - self.margin
+
+    def _retryable(self, exc: BaseException) -> bool:
+        """A database outage or conflict (retry) rather than a bug (crash loudly)."""
+        from sqlalchemy.exc import InterfaceError, OperationalError
+
+        return self.q._ops.is_transient(exc) or isinstance(
+            exc, (OperationalError, InterfaceError, OSError, TimeoutError))
 
     async def _sleep_or_wake(self, delay: float) -> bool:
         """Sleep up to ``delay``; True if woken before it passed."""
         # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation
-        # that lands as the wake-up fires, and serve() would then never stop.
+        # that arrives as the wake event fires, and serve() would then never stop.
         try:
             async with asyncio.timeout(delay):
                 await self.wake.wait()
@@ -188,14 +226,22 @@ class Worker:
         self._poked = True
         self.wake.set()
 
-    def _start(self, c: Claimed) -> None:
+    def _start(self, c: Claimed, leased_at: float) -> None:
+        old = self.running.get(c.id)
+        if old is not None and not old.task.done():
+            # our earlier attempt was reclaimed (we were too slow to renew) and we claimed the
+            # job again before the heartbeat noticed: the old attempt must not run on
+            self.reasons.setdefault((c.id, old.claimed.attempt), "lost")
+            old.task.cancel()
         self.claims += 1
         self._active += 1
-        for lim in self.q._local_limits:
-            lim.on_start(c.type, c.group)
+        notify(self.q._local_limits, "on_start", c.type, c.group)
         task = asyncio.create_task(self._run(c), name=f"ajq-job-{c.id}")
-        self.running[c.id] = _Running(c, task)
-        self.q._hooks.emit("start", c)
+        self.running[c.id] = _Running(c, task, leased_at)
+        ev = JobEvent("start", c.id, c.type, c.group, c.attempt, self.q.worker_id)
+        jlog.debug("job %s (%s) attempt %s started", c.id, c.type, c.attempt,
+                   extra=ev.log_extra())
+        self.q._hooks.emit(ev)
 
     async def _run(self, c: Claimed) -> None:
         t0 = time.monotonic()
@@ -209,127 +255,346 @@ class Worker:
         if outcome is None:  # lease lost: another attempt owns the job now
             self._forget(c)
         else:
+            r = self.running.get(c.id)
+            if r is not None and r.claimed.attempt == c.attempt:
+                r.outcome_queued = True
             self.outbox.append(outcome)
             self.outbox_event.set()
-            self.wake.set()
+            self.wake.set()  # the pump writes it with its next round
         self._fill()
 
     def _forget(self, c: Claimed) -> None:
         r = self.running.get(c.id)
         if r is not None and r.claimed.attempt == c.attempt:
             del self.running[c.id]
-        self.reasons.pop(c.id, None)
-        for lim in self.q._local_limits:
-            lim.on_finish(c.type, c.group)
+        self.reasons.pop((c.id, c.attempt), None)
+        notify(self.q._local_limits, "on_finish", c.type, c.group)
         self.wake.set()
 
     # -- completions ----------------------------------------------------------------------
-    def _settled(self, batch: list[Outcome], applied: list[Outcome]) -> None:
-        """Bookkeeping after outcomes were written (or fenced out)."""
-        q = self.q
-        ok = {(o.job_id, o.attempt) for o in applied}
-        for o in batch:
-            r = self.running.get(o.job_id)
-            c = r.claimed if r is not None else None
-            if (o.job_id, o.attempt) not in ok:
-                log.warning("job %s attempt %s: outcome discarded, lease no longer held",
-                            o.job_id, o.attempt)
-            if c is not None and c.attempt == o.attempt:
-                self._forget(c)
-                q._hooks.emit(o.kind if (o.job_id, o.attempt) in ok else "discarded", c, o)
-        q._local_done.set()
-        q._local_done = asyncio.Event()
-        self.wake.set()
-
     async def _flusher(self) -> None:
-        """Write finished attempts once the pump has stopped (shutdown), in batches."""
-        q = self.q
+        """Write finished attempts in batches: whatever finished while the previous write was
+        in flight goes in the next one transaction (no added latency when idle). A failed
+        write keeps its outcomes queued (their leases stay renewed) and is retried."""
         delay = 0.05
         while True:
             await self.outbox_event.wait()
             self.outbox_event.clear()
-            if not self.stopping:
-                continue  # the pump writes outcomes with its next round
-            batch, self.outbox = self.outbox, []
-            if not batch:
-                self.flushed.set()
-                continue
-            self._flushing += 1
-            try:
-                applied = await q._write(partial(_finish, q, outcomes=batch))
+            if self._pumping and not self.claiming:
+                continue  # the pump writes outcomes with its next round (fewer commits)
+            ok, _ = await self._flush()
+            if ok:
                 delay = 0.05
-            except Exception as exc:  # keep them: leases stay renewed while we retry
-                log.warning("finalize of %d job(s) failed (%s); retrying", len(batch), exc)
-                self.outbox = batch + self.outbox
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-                self.outbox_event.set()
                 continue
-            finally:
-                self._flushing -= 1
-            self._settled(batch, applied)
-            if not self.outbox:
-                self.flushed.set()
+            await asyncio.sleep(delay)
+            # short: once the database is back, a lease that expired during the outage is up
+            # for grabs by other workers' reclaimers, so the outcome must land quickly
+            delay = min(delay * 2, self.q.heartbeat_interval)
+            self.outbox_event.set()
+
+    async def _flush(
+        self, want: int = 0, types: list[str] | None = None, quick: bool = False
+    ) -> tuple[bool, list[Claimed]]:
+        """Write the queued outcomes once (one transaction, retries=0: a retry inside _write
+        would hide a commit whose answer was lost), then lease up to ``want`` jobs of
+        ``types`` in a second one: the pump's round. Not one transaction for both: a round
+        whose commit answer is lost would strand the leases it took until they are released
+        as orphans, bumping those jobs' attempt numbers. (False, got) if a write failed: the
+        outcomes stay queued."""
+        q = self.q
+        async with self.flush_lock:
+            n = 1 if self.one_by_one else len(self.outbox)
+            batch, self.outbox = self.outbox[:n], self.outbox[n:]
+            if batch and not await self._write_outcomes(batch):
+                return False, []
+        if want:
+            t0 = time.monotonic()
+            self.claiming = True
+            # Shielded: a shutdown that lands mid-claim lets it finish, so its leases are
+            # not lost (_drain releases what it claimed and did not start).
+            write = asyncio.ensure_future(q._write(
+                partial(_claim, q, want=want, types=types or [], quick=quick)))
+            try:
+                try:
+                    got = await asyncio.shield(write)
+                except asyncio.CancelledError:
+                    with contextlib.suppress(Exception):
+                        self.buffer.extend((c, t0) for c in await write)
+                    raise
+                finally:
+                    self.claiming = False
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if not self._retryable(exc):
+                    raise
+                log.warning("claim failed (%s); backing off", exc, extra={"worker": q.worker_id})
+                return False, []
+            self.buffer.extend((c, t0) for c in got)
+            return True, got
+        return True, []
+
+    async def _write_outcomes(self, batch: list[Outcome]) -> bool:
+        q = self.q
+        write = asyncio.ensure_future(q._write(partial(_finish, q, outcomes=batch), retries=0))
+        try:
+            try:
+                applied = await asyncio.shield(write)
+            except asyncio.CancelledError:  # shutting down: let the write land first
+                try:
+                    applied = await write
+                except Exception:
+                    self.outbox = batch + self.outbox
+                else:
+                    await self._flushed(batch, applied)
+                raise
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.outbox = batch + self.outbox
+            if self._retryable(exc):
+                # it may have committed before the link died: check before reporting
+                self.uncertain.update((o.job_id, o.attempt) for o in batch)
+                log.warning("finalize of %d job(s) failed (%s); retrying", len(batch), exc,
+                            extra={"worker": q.worker_id})
+            else:
+                self._poisoned(batch, exc)
+            return False
+        await self._flushed(batch, applied)
+        return True
+
+    async def _flushed(self, batch: list[Outcome], applied: list[Outcome]) -> None:
+        """Bookkeeping after ``batch`` was written: forget, report, wake waiters."""
+        q = self.q
+        self.one_by_one = max(self.one_by_one - 1, 0)
+        eff = {(o.job_id, o.attempt): o for o in applied}  # what actually happened
+        ok = set(eff)
+        unsure = [o for o in batch if (o.job_id, o.attempt) in self.uncertain - ok]
+        if unsure:
+            try:
+                ok |= await q._read(lambda conn: self._committed_before(conn, unsure))
+            except Exception as exc:  # only the report is at stake, not the job
+                log.warning("could not check earlier finalize (%s)", exc)
+        for o in batch:
+            key = (o.job_id, o.attempt)
+            self.uncertain.discard(key)
+            self.poison.pop(key, None)
+            r = self.running.get(o.job_id)
+            if r is not None and r.claimed.attempt == o.attempt:
+                c = r.claimed
+                self._forget(c)
+                # an outcome found committed after a lost answer has no detail: as given
+                e = eff.get(key, o) if key in ok else None
+                ev = JobEvent(
+                    e.kind if e is not None else "discarded", c.id, c.type, c.group,
+                    c.attempt, q.worker_id, duration=time.monotonic() - r.started,
+                    error=o.error, retry_in=e.retry_in if e is not None else None,
+                )
+                report(ev)
+                q._hooks.emit(ev)
+            elif key not in ok:
+                log.warning("job %s attempt %s: outcome discarded, lease no longer held",
+                            o.job_id, o.attempt, extra={"job_id": o.job_id,
+                                                        "attempt": o.attempt,
+                                                        "worker": q.worker_id})
+        q._local_done.set()
+        q._local_done = asyncio.Event()
+        self.wake.set()
+        if self.outbox:
+            self.outbox_event.set()  # a partial batch (one by one): go on with the rest
+        else:
+            self.flushed.set()
+
+    def _poisoned(self, batch: list[Outcome], exc: Exception) -> None:
+        """A write that fails for a reason other than the database being away (say, a result
+        the column cannot hold) must not block the others, nor strand its job forever."""
+        if len(batch) > 1:
+            log.error("finalize of %d job(s) failed (%r); writing them one by one", len(batch),
+                      exc)
+            self.one_by_one = len(batch)
+            return
+        o = batch[0]
+        key = (o.job_id, o.attempt)
+        self.poison[key] = self.poison.get(key, 0) + 1
+        log.error("job %s attempt %s: finalize failed (%r), try %d", o.job_id, o.attempt, exc,
+                  self.poison[key])
+        if self.poison[key] >= 3 and (o.error or {}).get("type") != "FinalizeError":
+            self.outbox[0] = Outcome(o.job_id, o.attempt, o.owner, "failed", error={
+                "type": "FinalizeError",
+                "message": f"the {o.kind} outcome could not be recorded: {exc!r}"[:2000]})
+            self.poison.pop(key, None)
+
+    async def _committed_before(self, conn: Any, outs: list[Outcome]) -> set[tuple[int, int]]:
+        """Which of ``outs`` an earlier, seemingly failed write did commit (its answer was
+        lost). Only the attempt's own lease holder can produce these states at this attempt."""
+        J = self.q._t.jobs
+        rows = {r.id: r for r in await conn.execute(
+            select(J.c.id, J.c.attempts, J.c.state, J.c.error, J.c.lease_owner)
+            .where(J.c.id.in_(sorted({o.job_id for o in outs}))))}
+        out: set[tuple[int, int]] = set()
+        for o in outs:
+            r = rows.get(o.job_id)
+            if r is None or r.attempts != o.attempt or r.state == S.RUNNING:
+                continue
+            err_type = (r.error or {}).get("type") if isinstance(r.error, dict) else None
+            mine = (
+                (o.kind == "done" and r.state == S.DONE)
+                or (o.kind == "released" and r.state == S.READY)
+                or (o.kind == "failed" and r.error == o.error)
+                or (o.kind == "cancelled" and r.state == S.CANCELLED
+                    and err_type != "LeaseExpired")
+            )
+            if mine:
+                log.warning("job %s attempt %s: finalize had committed though its answer was "
+                            "lost", o.job_id, o.attempt)
+                out.add((o.job_id, o.attempt))
+        return out
 
     # -- leases ---------------------------------------------------------------------------
     async def _heartbeat_loop(self) -> None:
+        """Renew the leases of the jobs running here, every heartbeat_interval; then stop the
+        ones whose lease was lost or whose cancel was requested, and release orphans.
+
+        It handles database errors itself (a failed beat is retried sooner, never crashes the
+        worker); if beats keep failing, _lease_guard stops the jobs before their leases can
+        expire, so no job runs on two workers at once."""
         q = self.q
-        J, W = q._t.jobs, q._t.workers
-        registered = False
+        delay = 0.1
         while True:
+            t0 = time.monotonic()
             mine = {i: r.claimed.attempt for i, r in self.running.items()}
-
-            async def beat(conn: Any, mine: dict[int, int] = mine) -> list[Any]:
-                nonlocal registered
-                if mine:
-                    await conn.execute(
-                        update(J).where(J.c.state == lit(S.RUNNING), J.c.lease_owner == q.worker_id)
-                        .values(lease_expires=utcnow_plus(q.lease_ttl))
-                    )
-                vals = {"last_seen": db_now(), "running": len(mine)}
-                if registered:
-                    await conn.execute(update(W).where(W.c.id == q.worker_id).values(**vals))
-                else:
-                    await conn.execute(insert(W).values(
-                        id=q.worker_id, host=socket.gethostname()[:255], pid=os.getpid(),
-                        started_at=db_now(), **vals))
-                    registered = True
-                if not mine:
-                    return []
-                rows = await conn.execute(
-                    select(J.c.id, J.c.attempts, J.c.cancel_requested)
-                    .where(J.c.state == lit(S.RUNNING), J.c.lease_owner == q.worker_id)
-                )
-                return list(rows)
-
-            rows = await q._write(beat)
-            held = {r.id: r for r in rows}
+            # prefetched jobs are leased here too: renew them, never take them for orphans
+            mine.update((c.id, c.attempt) for c, _ in self.buffer)
+            try:
+                async with asyncio.timeout(max(q.lease_ttl, 5.0)):  # a hung link is no beat
+                    rows = await q._write(partial(self._beat, ids=sorted(mine)))
+            except Exception as exc:
+                if not self._retryable(exc):
+                    raise
+                log.warning("heartbeat failed (%s); %d lease(s) not renewed, retrying in %.1fs",
+                            exc, len(mine), delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, q.heartbeat_interval)
+                continue
+            if delay > 0.1 and self.outbox:
+                self.outbox_event.set()  # the database is back: finalize now
+            delay = 0.1
+            self.beat_ok_at = t0
             for jid, attempt in mine.items():
                 r = self.running.get(jid)
-                if r is None or r.claimed.attempt != attempt or jid in self.reasons:
-                    continue
-                h = held.get(jid)
-                if any(o.job_id == jid for o in self.outbox):
-                    continue  # finished; its outcome is on the way
-                if h is None or h.attempts != attempt:
-                    log.warning("job %s attempt %s lost its lease; stopping it", jid, attempt)
-                    self.reasons[jid] = "lost"
-                    r.task.cancel()
-                elif h.cancel_requested:
-                    log.info("job %s cancel requested; stopping it", jid)
-                    self.reasons[jid] = "cancel"
-                    r.task.cancel()
+                if r is not None and r.claimed.attempt == attempt:
+                    r.renewed_at = max(r.renewed_at, t0)
+            await self._reconcile(mine, rows)
             await asyncio.sleep(q.heartbeat_interval)
+
+    async def _beat(self, conn: Any, *, ids: list[int]) -> list[Any]:
+        q = self.q
+        J, W = q._t.jobs, q._t.workers
+        # Renew only the attempts this process runs: a lease it holds without knowing (a
+        # claim whose commit answer was lost) must not be kept alive forever.
+        for i in range(0, len(ids), 1000):
+            await conn.execute(
+                update(J).where(J.c.state == lit(S.RUNNING), J.c.lease_owner == q.worker_id,
+                                J.c.id.in_(ids[i : i + 1000]))
+                .values(lease_expires=utcnow_plus(q.lease_ttl))
+            )
+        vals = {"last_seen": db_now(), "running": len(ids)}
+        res = await conn.execute(update(W).where(W.c.id == q.worker_id).values(**vals))
+        if res.rowcount == 0:  # first beat (an upsert: a retried first beat must not collide)
+            await conn.execute(q._ops._insert_ignore(W).values(
+                id=q.worker_id, host=socket.gethostname()[:255], pid=os.getpid(),
+                started_at=db_now(), **vals))
+        rows = await conn.execute(
+            select(J.c.id, J.c.attempts, J.c.cancel_requested)
+            .where(J.c.state == lit(S.RUNNING), J.c.lease_owner == q.worker_id)
+        )
+        return list(rows)
+
+    async def _reconcile(self, mine: dict[int, int], rows: list[Any]) -> None:
+        held = {r.id: r for r in rows}
+        # Only jobs known before the beat began: a claim committed during it is not a loss.
+        for jid, attempt in mine.items():
+            r = self.running.get(jid)
+            key = (jid, attempt)
+            if r is None or r.claimed.attempt != attempt or key in self.reasons:
+                continue
+            if r.outcome_queued or r.task.done():
+                continue  # finished; its outcome is on the way
+            h = held.get(jid)
+            if h is None or h.attempts != attempt:
+                log.warning("job %s attempt %s lost its lease; stopping it", jid, attempt,
+                            extra=_extra(self.q, r.claimed))
+                self.reasons[key] = "lost"
+                r.task.cancel()
+            elif h.cancel_requested:
+                log.info("job %s cancel requested; stopping it", jid,
+                         extra=_extra(self.q, r.claimed))
+                self.reasons[key] = "cancel"
+                r.task.cancel()
+        # Leased to us in the database but not running here (a claim whose commit answer
+        # was lost): release them. Seen on two beats in a row with no claim in flight, so a
+        # claim that committed but has not started its jobs yet is never mistaken for one.
+        unknown = set()
+        buffered = {(c.id, c.attempt) for c, _ in self.buffer}
+        for h in rows:
+            r = self.running.get(h.id)
+            if (r is None or r.claimed.attempt != h.attempts) and (
+                    (h.id, h.attempts) not in buffered):
+                unknown.add((h.id, h.attempts))
+        if self.claiming:
+            self.orphans |= unknown
+            return
+        orphans, self.orphans = sorted(unknown & self.orphans), unknown
+        if orphans:
+            await self._release_orphans(orphans)
+
+    async def _release_orphans(self, orphans: list[tuple[int, int]]) -> None:
+        q = self.q
+        outs = [Outcome(i, a, q.worker_id, "released") for i, a in orphans]
+        try:
+            done = await q._write(partial(_finish, q, outcomes=outs))
+        except Exception as exc:
+            if not self._retryable(exc):
+                raise
+            log.warning("could not release %d orphaned lease(s) (%s)", len(outs), exc)
+            return
+        if done:
+            log.warning("released %d job(s) leased to this worker but not running here: %s",
+                        len(done), [o.job_id for o in done])
+            self.orphans -= {(o.job_id, o.attempt) for o in done}
+            self.wake.set()
+
+    async def _lease_guard(self) -> None:
+        """Stop (and release) a job whose lease has gone unrenewed for almost lease_ttl: past
+        that point another worker may reclaim it, and the job must not run twice at once."""
+        q = self.q
+        every = min(q.heartbeat_interval / 2, q.lease_ttl / 8)
+        while True:
+            await asyncio.sleep(every)
+            now = time.monotonic()
+            for jid, r in list(self.running.items()):
+                key = (jid, r.claimed.attempt)
+                if r.outcome_queued or r.task.done() or key in self.reasons:
+                    continue
+                if now > r.renewed_at + q.lease_ttl - self.margin:
+                    log.warning("job %s attempt %s: lease unrenewed for %.1fs; stopping it "
+                                "before another worker may reclaim it", jid, r.claimed.attempt,
+                                now - r.renewed_at, extra=_extra(q, r.claimed))
+                    self.reasons[key] = "expired"
+                    r.task.cancel()
 
     async def _reclaim_loop(self) -> None:
         """Expired leases (dead or frozen workers) count as a failed attempt and are retried."""
         q = self.q
         J = q._t.jobs
         while True:
-            async def sweep(conn: Any) -> int:
+            async def sweep(conn: Any) -> list[JobEvent]:
                 rows = (await conn.execute(q._ops.skip_locked(
-                    select(J.c.id, J.c.attempts, J.c.lease_owner)
-                    .where(J.c.state == lit(S.RUNNING), J.c.lease_expires < db_now())
+                    select(J.c.id, J.c.attempts, J.c.lease_owner, J.c.type, J.c.group_key)
+                    # Never our own: we renew what we run, flush what we ran (after an outage
+                    # the outcome may still be queued here) and release orphans ourselves.
+                    .where(J.c.state == lit(S.RUNNING), J.c.lease_expires < db_now(),
+                           J.c.lease_owner != q.worker_id)
                     .order_by(J.c.id).limit(500)
                 ))).all()
                 outs = [
@@ -339,41 +604,97 @@ class Worker:
                                    f"(died or froze); attempt {r.attempts} counted as failed"})
                     for r in rows
                 ]
-                return len(await q._completer.finish(conn, outs))
+                info = {r.id: r for r in rows}
+                return [
+                    JobEvent(o.kind, o.job_id, info[o.job_id].type, info[o.job_id].group_key,
+                             o.attempt, o.owner, error=o.error, retry_in=o.retry_in,
+                             reclaimed=True)
+                    for o in await q._completer.finish_detailed(conn, outs)
+                ]
 
-            n = await q._write(sweep)
-            if n:
-                log.warning("reclaimed %d job(s) with expired leases", n)
+            events = await q._write(sweep)
+            if events:
+                log.warning("reclaimed %d job(s) with expired leases", len(events),
+                            extra={"worker": q.worker_id})
+                for ev in events:  # reported once, here: the dead worker cannot
+                    report(ev)
+                    q._hooks.emit(ev)
                 self.wake.set()
             await asyncio.sleep(min(q.lease_ttl / 4, max(q.poll_interval, 0.05) * 5))
 
     # -- shutdown and idleness ------------------------------------------------------------
+    def hurry(self) -> None:
+        """Shutting down: stop waiting for running jobs; cancel and release them now."""
+        for jid, r in self.running.items():
+            if self.stopping and not r.task.done():
+                self.reasons.setdefault((jid, r.claimed.attempt), "shutdown")
+                r.task.cancel()
+
     async def _drain(self) -> None:
-        """Stop claiming; give running jobs shutdown_timeout; then cancel and release them."""
+        """Stop claiming; give running jobs shutdown_timeout; then cancel and release them.
+
+        Flushes outcomes itself (the flusher may already be gone if a side loop crashed) and
+        finally releases any lease this worker holds without running the job."""
         self.stopping = True
-        if self.buffer:  # prefetched, never started: back to ready, the attempt not counted
-            me = self.q.worker_id
-            self.outbox.extend(Outcome(c.id, c.attempt, me, "released") for c in self.buffer)
-            self.buffer.clear()
-        tasks = [r.task for r in self.running.values()]
-        if tasks:
-            log.info("shutting down: waiting up to %ss for %d job(s)", self.q.shutdown_timeout,
-                     len(tasks))
-            _, pending = await asyncio.wait(tasks, timeout=self.q.shutdown_timeout)
-            for t in pending:
-                jid = next((i for i, r in self.running.items() if r.task is t), None)
-                if jid is not None:
-                    self.reasons[jid] = "shutdown"
-                t.cancel()
-            if pending:
-                await asyncio.wait(pending, timeout=5.0)
-        # let the flusher write what finished (or was released) before the side loops stop
+        q = self.q
+        if self.running:
+            log.info("shutting down: waiting up to %ss for %d job(s)", q.shutdown_timeout,
+                     len(self.running))
+        end = time.monotonic() + q.shutdown_timeout
+        while True:
+            live = [(jid, r) for jid, r in self.running.items() if not r.task.done()]
+            now = time.monotonic()
+            if not live or now >= end:
+                break
+            # If the heartbeat is gone (a side loop crashed), leases are not renewed while we
+            # wait: stop a job before its lease could expire rather than at shutdown_timeout.
+            for jid, r in live:
+                if now > r.renewed_at + q.lease_ttl - self.margin:
+                    self.reasons.setdefault((jid, r.claimed.attempt), "shutdown")
+                    r.task.cancel()
+            await asyncio.wait([r.task for _, r in live],
+                               timeout=min(end - now, q.heartbeat_interval / 2))
+        pending = []
+        for jid, r in list(self.running.items()):
+            if not r.task.done():
+                self.reasons.setdefault((jid, r.claimed.attempt), "shutdown")
+                r.task.cancel()
+                pending.append(r.task)
+        if pending:
+            await asyncio.wait(pending, timeout=5.0)
         deadline = time.monotonic() + max(self.q.shutdown_timeout, 5.0)
-        while (self.running or self.outbox or self._flushing) and time.monotonic() < deadline:
-            self.outbox_event.set()
-            self.flushed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.flushed.wait(), timeout=0.2)
+        delay = 0.05
+        while time.monotonic() < deadline:
+            async with self.flush_lock:  # a write the flusher has in flight must land first
+                pass
+            if not self.outbox:
+                break
+            if not (await self._flush())[0]:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+        try:
+            await self._release_all_orphans()
+        except Exception as exc:  # their leases expire and they are reclaimed
+            log.warning("could not release leases at shutdown (%s)", exc)
+
+    async def _release_all_orphans(self) -> None:
+        q = self.q
+        J = q._t.jobs
+
+        async def owned(conn: Any) -> list[Any]:
+            return list(await conn.execute(
+                select(J.c.id, J.c.attempts)
+                .where(J.c.state == lit(S.RUNNING), J.c.lease_owner == q.worker_id)))
+
+        rows = await q._read(owned)
+        orphans = []
+        for row in rows:
+            r = self.running.get(row.id)
+            if r is None or r.claimed.attempt != row.attempts or (
+                    r.task.done() and not r.outcome_queued):
+                orphans.append((row.id, row.attempts))
+        if orphans:
+            await self._release_orphans(orphans)
 
     async def _idle(self, types: list[str]) -> bool:
         J = self.q._t.jobs
@@ -402,27 +723,45 @@ class Worker:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                if not self.q._ops.is_transient(exc) and not _is_db_error(exc):
+                if not self._retryable(exc):
                     raise
-                log.warning("%s: database error (%s); retrying in %.1fs", name, exc, delay)
+                log.warning("%s: database error (%s); retrying in %.1fs", name, exc, delay,
+                            extra={"worker": self.q.worker_id})
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
 
-async def _cycle(
-    q: JobQueue, outcomes: list[Outcome], want: int, types: list[str], quick: bool, conn: Any
-) -> tuple[list[Outcome], list[Claimed]]:
-    """One pump round: finalize ``outcomes`` (fenced), then lease up to ``want`` jobs."""
-    applied = await q._completer.finish(conn, outcomes) if outcomes else []
-    got = await claim(q, conn, want, types, quick) if want > 0 else []
-    return applied, got
+async def _claim(
+    q: JobQueue, conn: Any, *, want: int, types: list[str], quick: bool = False
+) -> list[Claimed]:
+    return await claim(q, conn, want, types, quick)
 
 
 async def _finish(q: JobQueue, conn: Any, *, outcomes: list[Outcome]) -> list[Outcome]:
-    return await q._completer.finish(conn, outcomes)
+    return await q._completer.finish_detailed(conn, outcomes)
 
 
-def _is_db_error(exc: BaseException) -> bool:
-    from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+def _extra(q: JobQueue, c: Claimed) -> dict[str, Any]:
+    return {"job_id": c.id, "job_type": c.type, "attempt": c.attempt, "worker": q.worker_id,
+            "group": c.group}
 
-    return isinstance(exc, (OperationalError, InterfaceError, DBAPIError, OSError))
+
+def report(ev: JobEvent) -> None:
+    """Log how an attempt ended: one record, with the job fields as ``extra``."""
+    x = ev.log_extra()
+    took = f" in {ev.duration:.2f}s" if ev.duration is not None else ""
+    err = ev.error or {}
+    why = f"{err.get('type', '?')}: {err.get('message', '')}"
+    head = f"job {ev.job_id} ({ev.type}) attempt {ev.attempt}"
+    if ev.event == "done":
+        jlog.info("%s done%s", head, took, extra=x)
+    elif ev.event == "retry":
+        jlog.warning("%s failed%s (%s); retry in %.1fs", head, took, why, ev.retry_in or 0.0,
+                     extra=x)
+    elif ev.event == "failed":
+        jlog.error("%s failed for good%s (%s)", head, took, why, extra=x)
+    elif ev.event == "discarded":
+        jlog.warning("%s: outcome discarded, lease no longer held", head, extra=x)
+    else:
+        jlog.info("%s %s%s", head, ev.event, took, extra=x)
+

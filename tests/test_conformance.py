@@ -121,6 +121,7 @@ async def test_claim_uses_the_ready_index(make_queue: Callable[..., JobQueue], d
                 if s == stmt:
                     plans = plan
             assert any(ix in x for x in plans), plans
+            print(f"\n[{db}] claim SELECT plan:\n  " + "\n  ".join(plans))
             if db == "postgresql":
                 # asyncpg prepares statements: after 5 runs PostgreSQL may switch to a generic
                 # plan, where a bound state could not prove the partial index (dialect-facts 18)
@@ -135,6 +136,7 @@ async def test_claim_uses_the_ready_index(make_queue: Callable[..., JobQueue], d
                 forced = [r[0] for r in await conn.exec_driver_sql(
                     f"EXPLAIN EXECUTE ajq_claim({args})")]
                 assert any(ix in x for x in forced), forced
+                print("[postgresql] generic plan after 7 executions:\n  " + "\n  ".join(generic))
                 await conn.exec_driver_sql("DEALLOCATE ajq_claim")
             await conn.rollback()
 

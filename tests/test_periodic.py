@@ -14,7 +14,7 @@ import pytest
 from schedtools import read_log, spawn, stop, wait_ready
 from sqlalchemy import select
 
-from aiojobqueue import ConfigurationError, JobQueue, NotJSONError
+from aiojobqueue import ConfigurationError, InvalidJobError, JobQueue, NotJSONError
 from aiojobqueue.periodic import enqueue_slot, make_schedule, slot_iso
 
 
@@ -92,7 +92,7 @@ async def test_one_job_per_slot_across_three_processes(
         procs = [spawn(db_url, q.prefix, log, "--every", "1.0") for _ in range(3)]
         try:
             await asyncio.to_thread(wait_ready, procs)
-            await asyncio.sleep(5.5)
+            await asyncio.sleep(6.0)
         finally:
             await asyncio.to_thread(stop, procs)
         J = q._t.jobs
@@ -109,3 +109,12 @@ async def test_one_job_per_slot_across_three_processes(
     done = [r.id for r in rows if r.state == "done"]
     assert len(done) >= 4 and all(runs[i] == 1 for i in done)
     assert sum(runs.values()) == len(done)  # nothing ran twice, nothing ran unrecorded
+
+
+def test_bad_job_options_fail_at_registration() -> None:
+    q = JobQueue("sqlite+aiosqlite:///unused.db")
+    with pytest.raises(InvalidJobError):
+        q.periodic("w", type="x", every=1.0, weight=0)
+    with pytest.raises(InvalidJobError):
+        q.periodic("w", type="x", every=1.0, group="")
+    assert q._schedules == {}

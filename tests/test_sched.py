@@ -195,3 +195,55 @@ def test_custom_limit_example_runs() -> None:
                        timeout=120)
     assert r.returncode == 0, r.stderr
     assert "at most 2 jobs ran at once" in r.stdout
+
+
+def test_bad_limits_are_rejected() -> None:
+    import pytest
+
+    from aiojobqueue import ConfigurationError, RateLimit
+
+    for kw in ({"n": 0}, {"n": 1.5}, {"n": True}, {"n": 1, "per": 0}, {"n": 1, "per": float("inf")},
+               {"n": 1, "name": ""}):
+        with pytest.raises(ConfigurationError):
+            RateLimit(**kw)  # type: ignore[arg-type]
+    url = "sqlite+aiosqlite:///unused.db"
+    with pytest.raises(ConfigurationError):
+        JobQueue(url, limits=[RateLimit(5), RateLimit(10, per=60)])  # one ledger, two rules
+    with pytest.raises(ConfigurationError):
+        JobQueue(url, limits=[object()])  # type: ignore[list-item]
+    JobQueue(url, limits=[RateLimit(5), RateLimit(10, per=60, name="hourly")])
+
+
+class _Flaky(Limit):
+    """Raises from available() for its first calls and from every hook."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def available(self) -> int:
+        self.calls += 1
+        if self.calls <= 3:
+            raise RuntimeError("GPU driver hiccup")
+        return 1
+
+    def on_start(self, job_type: str, group: str) -> None:
+        raise RuntimeError("bookkeeping bug")
+
+    def on_finish(self, job_type: str, group: str) -> None:
+        raise RuntimeError("bookkeeping bug")
+
+
+async def test_a_failing_limit_fails_closed_and_serving_goes_on(
+    make_queue: Callable[..., JobQueue],
+) -> None:
+    flaky = _Flaky()
+    q = make_queue(limits=[flaky])
+    async with q:
+        @q.handler("w")
+        async def w(ctx: Any) -> None: ...
+
+        ids = [await q.enqueue("w", {}) for _ in range(3)]
+        await asyncio.wait_for(q.run_until_idle(), timeout=30)
+        for i in ids:
+            assert (await q.get(i)).state == JobState.DONE
+    assert flaky.calls > 3  # nothing started while it raised; it was asked again

@@ -189,6 +189,60 @@ async def test_retry_leaves_a_job_with_another_dead_upstream_cancelled(queue: Jo
     assert rec.order.count("x") == 1 and rec.order.count("y") == 1
 
 
+async def test_failure_rolls_up_through_nested_containers(queue: JobQueue) -> None:
+    rec = Recorder(queue)
+    rec.fail.add("bad")
+    async with queue.batch() as b:
+        outer = b.container("outer")
+        inner = b.container("inner", parent=outer)
+        bad = b.add(*step("bad"), parent=inner)
+        sib = b.add(*step("sib"), parent=inner, depends_on=[bad])
+        fine = b.add(*step("fine"), parent=outer)
+        after = b.add(*step("after"), depends_on=[outer])
+    await queue.run_until_idle()
+    assert await states(queue, bad.id, sib.id, inner.id, fine.id, outer.id, after.id) == [
+        F, C, F, D, F, C]
+    assert (await queue.get(after.id)).error == {
+        "type": "UpstreamFailed", "message": f"upstream {outer.id} failed"}
+
+
+async def test_retry_of_a_container_retries_what_made_it_fail(queue: JobQueue) -> None:
+    rec = Recorder(queue)
+    rec.fail.add("c1")
+    async with queue.batch() as b:
+        box = b.container("box")
+        c1 = b.add(*step("c1"), parent=box)
+        c2 = b.add(*step("c2"), parent=box)
+        after = b.add(*step("after"), depends_on=[box])
+    await queue.run_until_idle()
+    assert await states(queue, c1.id, c2.id, box.id, after.id) == [F, D, F, C]
+    rec.fail.clear()
+    await queue.retry(box.id)
+    await queue.run_until_idle()
+    assert await states(queue, c1.id, c2.id, box.id, after.id) == [D, D, D, D]
+    assert rec.order.count("c2") == 1  # a done child is not run again
+
+
+async def test_retry_of_one_child_does_not_revive_its_failed_siblings(queue: JobQueue) -> None:
+    rec = Recorder(queue)
+    rec.fail |= {"c1", "c2"}
+    async with queue.batch() as b:
+        box = b.container("box")
+        c1 = b.add(*step("c1"), parent=box)
+        c2 = b.add(*step("c2"), parent=box)
+        after = b.add(*step("after"), depends_on=[box])
+    await queue.run_until_idle()
+    assert await states(queue, c1.id, c2.id, box.id, after.id) == [F, F, F, C]
+    rec.fail.clear()
+    await queue.retry(c1.id)  # the box reopens with c1, but c2 stays failed ...
+    await queue.run_until_idle()
+    assert await states(queue, c1.id, c2.id, box.id, after.id) == [D, F, F, C]
+    await queue.retry(c2.id)  # ... until it is retried too
+    await queue.run_until_idle()
+    assert await states(queue, c1.id, c2.id, box.id, after.id) == [D, D, D, D]
+    assert rec.order.count("after") == 1
+
+
 async def test_cancel_waiting_and_ready_jobs_propagates(queue: JobQueue) -> None:
     rec = Recorder(queue)
     async with queue.batch() as b:
@@ -318,6 +372,35 @@ async def test_handlers_extend_the_dag_at_run_time(queue: JobQueue) -> None:
     assert await queue._read(merged) == sum(i * i for i in range(5))
 
 
+async def test_handler_grows_its_own_container(queue: JobQueue) -> None:
+    """A running child adds a sibling to its container and a job that waits for itself:
+    the container (and what depends on it) waits for the newcomers."""
+    times: dict[str, float] = {}
+
+    @queue.handler("grow")
+    async def grow(ctx: JobContext) -> None:
+        assert ctx.parent_id is not None
+        await ctx.enqueue("leaf", {"name": "sibling"}, parent=ctx.parent_id)
+        await ctx.enqueue("leaf", {"name": "follower"}, depends_on=[ctx.job_id],
+                          parent=ctx.parent_id)
+        times["grow"] = time.monotonic()
+
+    @queue.handler("leaf")
+    async def leaf(ctx: JobContext, name: str) -> None:
+        times[name + ".start"] = time.monotonic()
+        await asyncio.sleep(0.05)
+        times[name] = time.monotonic()
+
+    async with queue.batch() as b:
+        box = b.container("box")
+        b.add("grow", parent=box)
+        b.add("leaf", {"name": "after"}, depends_on=[box])
+    await queue.run_until_idle()
+    assert (await queue.get(box.id)).state == D
+    assert times["after.start"] >= max(times["sibling"], times["follower"])
+    assert times["follower.start"] >= times["grow"]
+
+
 async def test_dependency_results_maps_ids_to_results(queue: JobQueue) -> None:
     got: dict[int, Any] = {}
 
@@ -403,6 +486,11 @@ async def test_get_of_unknown_id_raises_lookup_error(queue: JobQueue) -> None:
     assert isinstance(ei.value, LookupError)
     with pytest.raises(LookupError):
         await queue.get(0)
+    # ids no database could hold, or that are not ids at all: typed, never a driver error
+    for bad in ("abc", 2**70, -1, 1.5, None, True):
+        for op in (queue.get, queue.cancel, queue.retry):
+            with pytest.raises(JobNotFoundError):
+                await op(bad)  # type: ignore[arg-type]
 
 
 async def test_priority_then_age_within_a_group(make_queue: Callable[..., JobQueue]) -> None:

@@ -29,7 +29,12 @@ class MySQLOps(DialectOps):
         return {"isolation_level": "READ COMMITTED", "pool_recycle": 3600}
 
     def prepare_engine(self, engine: AsyncEngine) -> AsyncEngine:
-        if getattr(engine.dialect, "isolation_level", None) != "READ COMMITTED":
+        # create_engine(isolation_level=...) lands in _on_connect_isolation_level; checking only
+        # `isolation_level` (always None) re-set the level on EVERY checkout: an extra round
+        # trip, and a raw pymysql error (not wrapped by SQLAlchemy) when the link is dead.
+        level = getattr(engine.dialect, "_on_connect_isolation_level", None) or getattr(
+            engine.dialect, "isolation_level", None)
+        if level != "READ COMMITTED":
             return engine.execution_options(isolation_level="READ COMMITTED")
         return engine
 

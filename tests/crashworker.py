@@ -1,0 +1,138 @@
+"""A worker process for the crash tests: ``python tests/crashworker.py URL PREFIX LOG [opts]``.
+
+It serves with ``aiojobqueue.runner.run_worker`` (so SIGTERM/SIGINT shut it down gracefully)
+and appends one JSON line per event to LOG, with a wall-clock timestamp, its pid and worker id:
+``ready`` / ``exit`` (the process), ``start`` / ``end`` / ``cancelled`` (inside a handler) and
+``fin`` / ``discarded`` / ``released`` / ``failed`` / ``cancel_fin`` (what the worker's fenced
+finalize reported). Lines are written with one ``os.write`` on an O_APPEND descriptor, so lines
+of several processes never interleave and a SIGKILL never leaves half a line.
+
+Handlers (args in brackets):
+  sleep [seconds]          sleep in small steps; returns {"job", "attempt", "pid"}
+  suicide                  SIGKILL its own worker process (every attempt)
+  block [seconds, on_attempt=1]  time.sleep (blocks the event loop) on that attempt only
+  die_after_end            returns, but the process is SIGKILLed before it can finalize
+                           (attempt 1 only)
+  chaos [ms]               sleep ms milliseconds; returns its dependencies' (job, attempt)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from aiojobqueue import JobContext, JobEvent, JobQueue
+from aiojobqueue.runner import run_worker
+
+_fd = -1
+_wid = ""
+
+
+def event(ev: str, **kw: Any) -> None:
+    rec = {"t": time.time(), "pid": os.getpid(), "w": _wid, "ev": ev, **kw}
+    os.write(_fd, (json.dumps(rec) + "\n").encode())
+
+
+def build(args: argparse.Namespace) -> JobQueue:
+    q = JobQueue(
+        args.url, prefix=args.prefix, lease_ttl=args.ttl, heartbeat_interval=args.hb,
+        poll_interval=args.poll, shutdown_timeout=args.shutdown_timeout, capacity=args.capacity,
+        retry_backoff=0.01, retry_backoff_max=0.05,
+    )
+
+    def result(ctx: JobContext, **extra: Any) -> dict[str, Any]:
+        return {"job": ctx.job_id, "attempt": ctx.attempt, "pid": os.getpid(), **extra}
+
+    @q.handler("sleep")
+    async def sleep(ctx: JobContext, seconds: float = 0.0) -> dict[str, Any]:
+        event("start", job=ctx.job_id, attempt=ctx.attempt)
+        try:
+            end = time.monotonic() + seconds
+            while (left := end - time.monotonic()) > 0:  # noqa: ASYNC110 - a timed job
+                await asyncio.sleep(min(left, 0.05))
+        except asyncio.CancelledError:
+            event("cancelled", job=ctx.job_id, attempt=ctx.attempt)
+            raise
+        event("end", job=ctx.job_id, attempt=ctx.attempt)
+        return result(ctx)
+
+    @q.handler("suicide")
+    async def suicide(ctx: JobContext) -> None:
+        event("start", job=ctx.job_id, attempt=ctx.attempt)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    @q.handler("block")
+    async def block(ctx: JobContext, seconds: float, on_attempt: int = 1) -> dict[str, Any]:
+        event("start", job=ctx.job_id, attempt=ctx.attempt)
+        if ctx.attempt == on_attempt:
+            time.sleep(seconds)  # noqa: ASYNC251 - freezes the event loop on purpose
+        event("end", job=ctx.job_id, attempt=ctx.attempt)
+        return result(ctx)
+
+    @q.handler("die_after_end")
+    async def die_after_end(ctx: JobContext) -> dict[str, Any]:
+        event("start", job=ctx.job_id, attempt=ctx.attempt)
+        if ctx.attempt == 1:
+            # runs before the flusher can write the outcome: the process dies holding a
+            # finished but unrecorded job
+            asyncio.get_running_loop().call_soon(os.kill, os.getpid(), signal.SIGKILL)
+        event("end", job=ctx.job_id, attempt=ctx.attempt)
+        return result(ctx)
+
+    @q.handler("chaos")
+    async def chaos(ctx: JobContext, ms: int) -> dict[str, Any]:
+        event("start", job=ctx.job_id, attempt=ctx.attempt)
+        got = await ctx.dependency_results()
+        await asyncio.sleep(ms / 1000)
+        event("end", job=ctx.job_id, attempt=ctx.attempt)
+        return result(ctx, deps={str(k): [v["job"], v["attempt"]] for k, v in got.items()})
+
+    def hook(name: str) -> Any:
+        def fn(e: JobEvent) -> None:
+            event(name, job=e.job_id, attempt=e.attempt)
+        return fn
+
+    # "retry" and "failed" both end an attempt in failure (attempts left, or not)
+    for name, ev in (("done", "fin"), ("discarded", "discarded"), ("released", "released"),
+                     ("retry", "failed"), ("failed", "failed"), ("cancelled", "cancel_fin")):
+        q.on(name, hook(ev))
+    return q
+
+
+async def main() -> None:
+    global _fd, _wid
+    ap = argparse.ArgumentParser()
+    ap.add_argument("url")
+    ap.add_argument("prefix")
+    ap.add_argument("log")
+    ap.add_argument("--ttl", type=float, default=2.0)
+    ap.add_argument("--hb", type=float, default=0.4)
+    ap.add_argument("--poll", type=float, default=0.05)
+    ap.add_argument("--shutdown-timeout", type=float, default=2.0)
+    ap.add_argument("--capacity", type=int, default=4)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s [{os.getpid()}] %(name)s %(levelname)s %(message)s")
+    _fd = os.open(args.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    q = build(args)
+    _wid = q.worker_id
+    await q.start()
+    event("ready")
+    try:
+        await run_worker(q)
+    finally:
+        await q.close()
+        event("exit")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

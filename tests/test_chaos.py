@@ -1,0 +1,150 @@
+"""Chaos: 3 worker processes run a 600-job DAG while workers are SIGKILLed at random moments
+and replaced. Afterwards, from the database and the timestamped event log:
+
+* nothing is lost: every job is done;
+* exactly one finalize per job: a done job's result is the result of its last attempt (the
+  handler records (job, attempt) in it), at most one worker reported a finalize for it, and
+  an attempt that did not finish was re-run only because its worker was killed;
+* dependency order held: no attempt of a job started before every dependency's successful
+  (final) attempt had ended, and each job saw its dependencies' final results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from crashkit import Fleet, by_job, fleet_factory  # noqa: F401 - fixture
+from sqlalchemy import select
+
+from aiojobqueue import JobQueue, JobState
+
+N_JOBS = 600
+WORKERS = 3
+TTL = 4.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+async def test_chaos_sigkill_workers_over_a_dag(
+    make_queue: Callable[..., JobQueue], fleet_factory: Callable[..., Fleet],  # noqa: F811
+    db: str,
+) -> None:
+    rnd = random.Random(20261129)
+    async with make_queue() as q:
+        refs: list[Any] = []
+        deps_of: dict[int, list[int]] = {}
+        async with q.batch() as b:
+            for i in range(N_JOBS):
+                window = refs[max(0, i - 80):]
+                ups = rnd.sample(window, k=min(len(window), rnd.choice([0, 1, 1, 2, 3])))
+                ref = b.add("chaos", {"ms": rnd.randint(30, 300)},
+                            depends_on=ups, max_attempts=20)
+                refs.append(ref)
+                deps_of[i] = [refs.index(u) for u in ups]
+        ids = [r.id for r in refs]
+        deps = {ids[i]: [ids[j] for j in d] for i, d in deps_of.items()}
+
+        fleet = fleet_factory(ttl=TTL, hb=0.5, capacity=4, shutdown_timeout=1.0)
+        for _ in range(WORKERS):
+            fleet.spawn()
+        t0 = time.monotonic()
+        deadline = t0 + 150
+        next_kill = t0 + rnd.uniform(1.0, 2.5)
+        kills = 0
+        J = q._t.jobs
+
+        async def rows(conn: Any) -> list[Any]:
+            return list(await conn.execute(
+                select(J.c.id, J.c.state, J.c.attempts, J.c.result).order_by(J.c.id)))
+
+        while True:
+            snapshot = await q._read(rows)
+            done = sum(1 for r in snapshot if r.state == JobState.DONE)
+            if done == N_JOBS:
+                break
+            assert time.monotonic() < deadline, f"{done}/{N_JOBS} done\n{fleet.dump()}"
+            assert not any(r.state in (JobState.FAILED, JobState.CANCELLED) for r in snapshot)
+            if time.monotonic() >= next_kill and done < N_JOBS * 0.95:
+                ready = {e["pid"] for e in fleet.events("ready")}
+                victim = rnd.choice([p for p in fleet.alive() if p.pid in ready]
+                                    or fleet.alive())
+                fleet.kill(victim)
+                kills += 1
+                fleet.spawn()
+                next_kill = time.monotonic() + rnd.uniform(1.0, 2.5)
+            await asyncio.sleep(0.1)
+        took = time.monotonic() - t0
+        for p in fleet.alive():
+            fleet.term(p)
+        for p in fleet.procs:
+            p.wait(timeout=30)
+
+        events = fleet.events()
+        jobs = {r.id: r for r in snapshot}
+        ev = by_job(events)
+        kill_t: dict[int, float] = {e["child"]: e["t"] for e in events if e["ev"] == "kill"}
+        final_end: dict[int, float] = {}
+        reruns = 0
+        recover: list[float] = []
+        problems: list[str] = []
+        for jid, row in jobs.items():
+            res = row.result
+            if res["job"] != jid or res["attempt"] != row.attempts:
+                problems.append(f"job {jid}: result {res} is not its final attempt's")
+            fins = [e for e in ev[jid] if e["ev"] == "fin"]
+            if len(fins) > 1 or any(f["attempt"] != row.attempts for f in fins):
+                problems.append(f"job {jid}: finalize reported {fins}")
+            if any(e["ev"] in ("discarded", "released", "cancelled") for e in ev[jid]):
+                problems.append(f"job {jid}: {[e['ev'] for e in ev[jid]]}")
+            starts = {e["attempt"]: e for e in ev[jid] if e["ev"] == "start"}
+            ends = {e["attempt"]: e for e in ev[jid] if e["ev"] == "end"}
+            if row.attempts not in ends:
+                problems.append(f"job {jid}: no end event for its final attempt")
+                continue
+            final_end[jid] = ends[row.attempts]["t"]
+            reruns += row.attempts - 1
+            # an attempt that was not the last one must have lost its worker to a kill
+            for a in range(1, row.attempts):
+                s = starts.get(a)
+                nxt = min((e["t"] for k, e in starts.items() if k > a), default=None)
+                if s is None:  # claimed, then killed before the handler logged its start
+                    if not any(t < (nxt or 1e20) for t in kill_t.values()):
+                        problems.append(f"job {jid} attempt {a}: vanished without a kill")
+                    continue
+                k = kill_t.get(s["pid"])
+                if k is None or k < s["t"] or (nxt is not None and k > nxt):
+                    problems.append(f"job {jid} attempt {a} (pid {s['pid']}) re-ran without "
+                                    f"its worker being killed")
+                elif nxt is not None:
+                    recover.append(nxt - k)
+        for jid, ups in deps.items():
+            seen = jobs[jid].result["deps"]
+            for u in ups:
+                for s in (e for e in ev[jid] if e["ev"] == "start"):
+                    if u in final_end and s["t"] <= final_end[u]:
+                        problems.append(f"job {jid} attempt {s['attempt']} started before "
+                                        f"its dependency {u} ended")
+                if seen.get(str(u)) != [u, jobs[u].attempts]:
+                    problems.append(f"job {jid} saw dependency {u} as {seen.get(str(u))}")
+        assert not problems, "\n".join(problems[:30]) + "\n" + fleet.dump(20)
+        assert kills >= 3, f"only {kills} kills: the run was too short to prove anything"
+        assert reruns >= 1
+        logs = fleet.worker_logs()
+        assert "Traceback" not in logs, logs[-3000:]
+        rec = (f"recover median {statistics.median(recover):.2f}s max {max(recover):.2f}s"
+               if recover else "no interrupted attempt observed")
+        print(f"\nCHAOS {db}: {N_JOBS} jobs, {len(fleet.procs)} worker processes "
+              f"({WORKERS} at a time), {kills} SIGKILLs, {reruns} re-runs, all done in "
+              f"{took:.1f}s; time from kill to restart of an interrupted job: {rec} "
+              f"(lease_ttl {TTL}s)")
+        counts: dict[str, int] = defaultdict(int)
+        for e in events:
+            counts[e["ev"]] += 1
+        print(f"CHAOS {db} events: {dict(counts)}")
