@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import and_, bindparam, case, exists, func, literal_column, select, update
+from sqlalchemy import and_, bindparam, case, func, literal_column, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as S
@@ -160,15 +160,12 @@ class Completer:
             if upd is None:
                 upd = update(J).where(self.q._ops.in_ids_param(J.c.id, "ids")).values(
                     result=None, **done_vals)
-                if self.q._ops.update_returning:
-                    # Who has dependents, read after the row locks are ours: no edge can be
-                    # added to these jobs until we commit (batch insert locks its upstreams).
-                    upd = upd.returning(J.c.id, exists().where(self.D.c.depends_on_id == J.c.id))
+                # Not "RETURNING EXISTS (dependents)": with a skewed deps table (100k jobs
+                # waiting on one) PostgreSQL's generic plan probes it by a sequential scan per
+                # row; settle()'s one id-array look-up stays on the index.
                 stmts["finish.done"] = upd
             for i in range(0, len(plain), CHUNK):
-                rows = await conn.execute(upd, {"ids": plain[i : i + CHUNK]})
-                if self.q._ops.update_returning:
-                    leaves.update(r[0] for r in rows if not r[1])
+                await conn.execute(upd, {"ids": plain[i : i + CHUNK]})
             if rich:
                 await conn.execute(
                     update(J).where(J.c.id == bindparam("i")).values(
@@ -231,13 +228,14 @@ class Completer:
         J, D = self.J, self.D
         counts: dict[int, int] = defaultdict(int)
         for i in range(0, len(done), CHUNK):
+            # No GROUP BY: counted here. Grouped, PostgreSQL's generic plan walks the whole
+            # deps primary key when the table is skewed (many jobs waiting on one upstream).
             rows = await conn.execute(
-                select(D.c.job_id, func.count())
+                select(D.c.job_id)
                 .where(self.q._ops.in_ids(D.c.depends_on_id, done[i : i + CHUNK]))
-                .group_by(D.c.job_id)
             )
-            for jid, n in rows:
-                counts[jid] += n
+            for (jid,) in rows:
+                counts[jid] += 1
         if not counts:
             return []
         by_n: dict[int, list[int]] = defaultdict(list)
