@@ -1,5 +1,7 @@
 """aiojobqueue: an asyncio-native, crash-safe DAG job scheduler on your relational database."""
 
+import logging as _logging
+
 from .batch import Batch, JobRef
 from .errors import (
     AioJobQueueError,
@@ -12,9 +14,11 @@ from .errors import (
     JobFailed,
     JobNotFoundError,
     NotJSONError,
+    SchemaError,
     UnsupportedDatabaseError,
 )
 from .executor import JobContext, LeaseLostError
+from .hooks import JobEvent
 from .limits import Limit, RateLimit
 from .models import Job, JobState
 from .queue import JobQueue
@@ -31,6 +35,7 @@ __all__ = [
     "Job",
     "JobCancelled",
     "JobContext",
+    "JobEvent",
     "JobFailed",
     "JobNotFoundError",
     "JobQueue",
@@ -40,7 +45,12 @@ __all__ = [
     "Limit",
     "NotJSONError",
     "RateLimit",
+    "SchemaError",
     "UnsupportedDatabaseError",
     "metadata",
 ]
 __version__ = "0.1.0"
+
+# A library installs no handler of its own; this keeps Python's last-resort handler from
+# printing our warnings when the application has not configured logging.
+_logging.getLogger("aiojobqueue").addHandler(_logging.NullHandler())

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import and_, case, func, literal_column, select, tuple_, update
@@ -33,7 +33,11 @@ def lit(state: str) -> Any:
 
 @dataclass(frozen=True)
 class Outcome:
-    """How one attempt ended. ``kind``: done | failed | cancelled | released."""
+    """How one attempt ended. ``kind``: done | failed | cancelled | released.
+
+    ``finish_detailed()`` returns the outcomes that took effect with ``kind`` set to what
+    actually happened: ``retry`` (failed, will run again after ``retry_in`` seconds) or ``failed``
+    (for good); ``cancelled`` also when a failure met a cancel request."""
 
     job_id: int
     attempt: int
@@ -43,6 +47,8 @@ class Outcome:
     error: dict[str, Any] | None = None
     #: False: fail for good now (e.g. non-retryable), regardless of attempts left.
     retryable: bool = True
+    #: Set by finish_detailed() on a ``retry``: the backoff delay in seconds.
+    retry_in: float | None = None
 
 
 class Completer:
@@ -55,9 +61,18 @@ class Completer:
     async def finish(self, conn: AsyncConnection, outcomes: Sequence[Outcome]) -> list[Outcome]:
         """Apply ``outcomes``, each only if its worker still holds that attempt's lease.
 
-        Returns the outcomes that took effect; the others were fenced out (the lease expired
-        and the job was reclaimed, or it was cancelled) and changed nothing.
+        Returns the outcomes that took effect, as given; the others were fenced out (the
+        lease expired and the job was reclaimed, or it was cancelled) and changed nothing.
         """
+        took = {(o.job_id, o.attempt) for o in await self.finish_detailed(conn, outcomes)}
+        return [o for o in outcomes if (o.job_id, o.attempt) in took]
+
+    async def finish_detailed(
+        self, conn: AsyncConnection, outcomes: Sequence[Outcome]
+    ) -> list[Outcome]:
+        """``finish()``, returning what actually happened to each applied outcome: ``kind``
+        becomes ``retry`` (with ``retry_in``) or ``failed`` for a failure, ``cancelled`` for
+        a failure that met a cancel request (for hooks and logs)."""
         J = self.J
         if not outcomes:
             return []
@@ -81,6 +96,7 @@ class Completer:
         done_rows = []
         now = db_now()
         cleared = {"lease_owner": None, "lease_expires": None}
+        effective: list[Outcome] = []  # what actually happened, for hooks and logs
         for o in applied:
             row = held[o.job_id]
             kind = o.kind
@@ -88,11 +104,13 @@ class Completer:
             # the next claim would reset the flag and the cancel would be lost).
             if kind in ("failed", "released") and row.cancel_requested:
                 kind = "cancelled"
+            retry_in: float | None = None
             if kind == "done":
                 done_rows.append({"i": o.job_id, "r": o.result})
             elif kind == "failed":
                 if o.retryable and row.attempts < row.attempt_limit:
                     delay = backoff(row.attempts, self.q.retry_backoff, self.q.retry_backoff_max)
+                    kind, retry_in = "retry", delay
                     await conn.execute(
                         update(J).where(J.c.id == o.job_id).values(
                             state=S.SCHEDULED, error=o.error, run_after=utcnow_plus(delay),
@@ -125,6 +143,7 @@ class Completer:
                 released = True
             else:  # pragma: no cover - programming error
                 raise ValueError(kind)
+            effective.append(replace(o, kind=kind, retry_in=retry_in))
         if done_rows:
             from sqlalchemy import bindparam
 
@@ -140,7 +159,7 @@ class Completer:
             await self.settle(conn, finished)
         if released:  # another worker may start it at once (not after its poll interval)
             await self.q._ops.notify(conn)
-        return applied
+        return effective
 
     # -- consequences ---------------------------------------------------------------------
     async def settle(self, conn: AsyncConnection, finished: Iterable[tuple[int, str]]) -> None:

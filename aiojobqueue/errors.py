@@ -37,6 +37,10 @@ class ConfigurationError(AioJobQueueError, ValueError):
     """A JobQueue setting that cannot work (e.g. lease_ttl not above heartbeat_interval)."""
 
 
+class SchemaError(ConfigurationError):
+    """The database has no aiojobqueue schema under this prefix, or another version of it."""
+
+
 class UnsupportedDatabaseError(AioJobQueueError, RuntimeError):
     """The database or its version lacks what the claim needs (e.g. MySQL < 8, MariaDB < 10.6)."""
 

@@ -167,10 +167,13 @@ async def run_attempt(q: JobQueue, c: Claimed, reasons: Reasons) -> Outcome | No
                            error=_error(exc, "TimeoutError", f"timed out after {limit}s"))
         return Outcome(c.id, c.attempt, me, "failed", error=_error(exc))
     except BaseException as exc:
-        log.info("job %s (%s) attempt %s failed: %r", c.id, c.type, c.attempt, exc,
-                 extra=_extra(q, c))
+        # The worker logs the outcome once committed (retry or failed for good); this one
+        # carries the traceback for whoever debugs at DEBUG level.
+        log.debug("job %s (%s) attempt %s raised %r", c.id, c.type, c.attempt, exc,
+                  extra=_extra(q, c), exc_info=exc)
         return Outcome(c.id, c.attempt, me, "failed", error=_error(exc))
 
 
 def _extra(q: JobQueue, c: Claimed) -> dict[str, Any]:
-    return {"job_id": c.id, "job_type": c.type, "attempt": c.attempt, "worker": q.worker_id}
+    return {"job_id": c.id, "job_type": c.type, "attempt": c.attempt, "worker": q.worker_id,
+            "group": c.group}

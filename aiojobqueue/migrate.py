@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select, update
 from sqlalchemy.exc import DBAPIError
 
-from .errors import ConfigurationError
+from .errors import SchemaError
 from .schema import SCHEMA_VERSION
 
 if TYPE_CHECKING:
@@ -32,6 +32,22 @@ async def current_version(q: JobQueue) -> int | None:
         return int(v) if v is not None else None
 
 
+async def check(q: JobQueue) -> int:
+    """Raise SchemaError unless the schema exists at SCHEMA_VERSION; changes nothing."""
+    found = await current_version(q)
+    where = f"tables prefixed {q.prefix!r}"
+    if found is None:
+        raise SchemaError(f"no aiojobqueue schema ({where}) in this database; "
+                          "create it with `aiojobqueue migrate`")
+    if found < SCHEMA_VERSION:
+        raise SchemaError(f"the aiojobqueue schema ({where}) is version {found}, this "
+                          f"aiojobqueue needs {SCHEMA_VERSION}: run `aiojobqueue migrate`")
+    if found > SCHEMA_VERSION:
+        raise SchemaError(f"the aiojobqueue schema ({where}) is version {found}, newer than "
+                          f"this aiojobqueue ({SCHEMA_VERSION}): upgrade aiojobqueue")
+    return found
+
+
 async def upgrade(q: JobQueue) -> int:
     """Bring the schema to SCHEMA_VERSION. Returns the version found before (0: none)."""
     for attempt in range(5):
@@ -51,7 +67,7 @@ async def _upgrade_once(q: JobQueue) -> int:
         await q._ops.check_server(conn)
     found = await current_version(q) or 0
     if found > SCHEMA_VERSION:
-        raise ConfigurationError(
+        raise SchemaError(
             f"the database schema is version {found}, newer than this aiojobqueue "
             f"({SCHEMA_VERSION}): upgrade aiojobqueue"
         )

@@ -159,7 +159,9 @@ class JobQueue:
         self._schedules[name] = sched
 
     def on(self, event: str, fn: Callable[..., Any]) -> None:
-        """Call ``fn`` on a lifecycle event: start, done, failed, cancelled, released."""
+        """Call ``fn(event: JobEvent)`` on a lifecycle event of an attempt: start, done, retry,
+        failed (for good), cancelled, released (by shutdown) or discarded (fenced out).
+        See ``aiojobqueue.hooks`` for what each means."""
         self._hooks.add(event, fn)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -172,8 +174,11 @@ class JobQueue:
     ) -> None:
         await self.close()
 
-    async def start(self) -> None:
-        """Connect and create or upgrade the schema. Idempotent."""
+    async def start(self, *, migrate: bool = True) -> None:
+        """Connect and create or upgrade the schema. Idempotent.
+
+        ``migrate=False`` creates nothing: it raises SchemaError unless the schema is there
+        and current (for read-only tools such as ``aiojobqueue status``)."""
         if self._engine is not None:
             return
         if isinstance(self._url, AsyncEngine):
@@ -188,9 +193,9 @@ class JobQueue:
         self._engine = ops.prepare_engine(engine)
         self._ops = ops
         try:
-            from .migrate import upgrade
+            from .migrate import check, upgrade
 
-            await upgrade(self)
+            await (upgrade(self) if migrate else check(self))
         except BaseException:
             await self.close()
             raise

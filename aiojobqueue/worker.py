@@ -24,6 +24,7 @@ from . import schema as S
 from .claim import Claimed, claim
 from .completer import Outcome, lit
 from .executor import Reasons, run_attempt
+from .hooks import JobEvent
 from .limits import local_budget, notify
 from .periodic import run_schedules
 from .timeutil import db_now, utcnow_plus
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
     from .queue import JobQueue
 
 log = logging.getLogger("aiojobqueue.worker")
+#: One record per attempt start/end; silence it alone to keep warnings but not per-job lines.
+jlog = logging.getLogger("aiojobqueue.jobs")
 T = TypeVar("T")
 
 
@@ -43,6 +46,7 @@ class _Running:
     #: lease is certainly valid until renewed_at + lease_ttl (the database clock set it later).
     renewed_at: float
     outcome_queued: bool = False
+    started: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -83,25 +87,41 @@ class Worker:
         self.idle_exit = until_idle
         self.stopping = False
         self.beat_ok_at = time.monotonic()
-        async with asyncio.TaskGroup() as tg:
-            side = [
-                tg.create_task(self._heartbeat_loop()),
-                tg.create_task(self._lease_guard()),
-                tg.create_task(self._flusher()),
-                tg.create_task(self._resilient("reclaim", self._reclaim_loop)),
-            ]
-            if q._schedules and not until_idle:
-                side.append(tg.create_task(self._resilient("periodic", lambda: run_schedules(q))))
-            listener = q._ops.listener(q.engine)
-            if listener is not None and not until_idle:
-                side.append(tg.create_task(
-                    self._resilient("listen", lambda: listener.run(self._on_notify))))
-            try:
-                await self._tick_loop()
-            finally:
-                await self._drain()
-                for t in side:  # side loops end with the tick loop
-                    t.cancel()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                side = [
+                    tg.create_task(self._heartbeat_loop()),
+                    tg.create_task(self._lease_guard()),
+                    tg.create_task(self._flusher()),
+                    tg.create_task(self._resilient("reclaim", self._reclaim_loop)),
+                ]
+                if q._schedules and not until_idle:
+                    side.append(tg.create_task(
+                        self._resilient("periodic", lambda: run_schedules(q))))
+                listener = q._ops.listener(q.engine)
+                if listener is not None and not until_idle:
+                    side.append(tg.create_task(
+                        self._resilient("listen", lambda: listener.run(self._on_notify))))
+                try:
+                    await self._tick_loop()
+                finally:
+                    await self._drain()
+                    for t in side:  # side loops end with the tick loop
+                        t.cancel()
+        finally:
+            await self._deregister()
+
+    async def _deregister(self) -> None:
+        """Leave the worker registry on a clean exit, so ``status`` lists live workers only
+        (a worker that dies stays there, its last heartbeat getting older)."""
+        W = self.q._t.workers
+        try:
+            async with asyncio.timeout(5.0):
+                await self.q._write(
+                    lambda conn: conn.execute(W.delete().where(W.c.id == self.q.worker_id)),
+                    retries=2)
+        except Exception as exc:  # best effort: the row only ages
+            log.debug("could not deregister worker %s: %s", self.q.worker_id, exc)
 
     async def _tick_loop(self) -> None:
         q = self.q
@@ -123,7 +143,8 @@ class Worker:
                 except Exception as exc:
                     if not self._retryable(exc):
                         raise
-                    log.warning("claim failed (%s); backing off", exc)
+                    log.warning("claim failed (%s); backing off", exc,
+                                extra={"worker": q.worker_id})
                     delay = min(max(delay * 2, 0.2), 5.0)
                     continue
                 finally:
@@ -167,7 +188,10 @@ class Worker:
         notify(self.q._local_limits, "on_start", c.type, c.group)
         task = asyncio.create_task(self._run(c), name=f"ajq-job-{c.id}")
         self.running[c.id] = _Running(c, task, leased_at)
-        self.q._hooks.emit("start", c)
+        ev = JobEvent("start", c.id, c.type, c.group, c.attempt, self.q.worker_id)
+        jlog.debug("job %s (%s) attempt %s started", c.id, c.type, c.attempt,
+                   extra=ev.log_extra())
+        self.q._hooks.emit(ev)
 
     async def _run(self, c: Claimed) -> None:
         outcome = await run_attempt(self.q, c, self.reasons)
@@ -222,12 +246,14 @@ class Worker:
                 if self._retryable(exc):
                     # it may have committed before the link died: check before reporting
                     self.uncertain.update((o.job_id, o.attempt) for o in batch)
-                    log.warning("finalize of %d job(s) failed (%s); retrying", len(batch), exc)
+                    log.warning("finalize of %d job(s) failed (%s); retrying", len(batch), exc,
+                                extra={"worker": q.worker_id})
                 else:
                     self._poisoned(batch, exc)
                 return False
             self.one_by_one = max(self.one_by_one - 1, 0)
-            ok = {(o.job_id, o.attempt) for o in applied}
+            eff = {(o.job_id, o.attempt): o for o in applied}  # what actually happened
+            ok = set(eff)
             unsure = [o for o in batch if (o.job_id, o.attempt) in self.uncertain - ok]
             if unsure:
                 try:
@@ -239,13 +265,23 @@ class Worker:
                 self.uncertain.discard(key)
                 self.poison.pop(key, None)
                 r = self.running.get(o.job_id)
-                c = r.claimed if r is not None else None
-                if key not in ok:
-                    log.warning("job %s attempt %s: outcome discarded, lease no longer held",
-                                o.job_id, o.attempt)
-                if c is not None and c.attempt == o.attempt:
+                if r is not None and r.claimed.attempt == o.attempt:
+                    c = r.claimed
                     self._forget(c)
-                    q._hooks.emit(o.kind if key in ok else "discarded", c, o)
+                    # an outcome found committed after a lost answer has no detail: as given
+                    e = eff.get(key, o) if key in ok else None
+                    ev = JobEvent(
+                        e.kind if e is not None else "discarded", c.id, c.type, c.group,
+                        c.attempt, q.worker_id, duration=time.monotonic() - r.started,
+                        error=o.error, retry_in=e.retry_in if e is not None else None,
+                    )
+                    report(ev)
+                    q._hooks.emit(ev)
+                elif key not in ok:
+                    log.warning("job %s attempt %s: outcome discarded, lease no longer held",
+                                o.job_id, o.attempt, extra={"job_id": o.job_id,
+                                                            "attempt": o.attempt,
+                                                            "worker": q.worker_id})
             q._local_done.set()
             q._local_done = asyncio.Event()
             self.wake.set()
@@ -370,11 +406,13 @@ class Worker:
                 continue  # finished; its outcome is on the way
             h = held.get(jid)
             if h is None or h.attempts != attempt:
-                log.warning("job %s attempt %s lost its lease; stopping it", jid, attempt)
+                log.warning("job %s attempt %s lost its lease; stopping it", jid, attempt,
+                            extra=_extra(self.q, r.claimed))
                 self.reasons[key] = "lost"
                 r.task.cancel()
             elif h.cancel_requested:
-                log.info("job %s cancel requested; stopping it", jid)
+                log.info("job %s cancel requested; stopping it", jid,
+                         extra=_extra(self.q, r.claimed))
                 self.reasons[key] = "cancel"
                 r.task.cancel()
         # Leased to us in the database but not running here (a claim whose commit answer
@@ -423,7 +461,7 @@ class Worker:
                 if now > r.renewed_at + q.lease_ttl - self.margin:
                     log.warning("job %s attempt %s: lease unrenewed for %.1fs; stopping it "
                                 "before another worker may reclaim it", jid, r.claimed.attempt,
-                                now - r.renewed_at)
+                                now - r.renewed_at, extra=_extra(q, r.claimed))
                     self.reasons[key] = "expired"
                     r.task.cancel()
 
@@ -432,9 +470,9 @@ class Worker:
         q = self.q
         J = q._t.jobs
         while True:
-            async def sweep(conn: Any) -> int:
+            async def sweep(conn: Any) -> list[JobEvent]:
                 rows = (await conn.execute(q._ops.skip_locked(
-                    select(J.c.id, J.c.attempts, J.c.lease_owner)
+                    select(J.c.id, J.c.attempts, J.c.lease_owner, J.c.type, J.c.group_key)
                     # Never our own: we renew what we run, flush what we ran (after an outage
                     # the outcome may still be queued here) and release orphans ourselves.
                     .where(J.c.state == lit(S.RUNNING), J.c.lease_expires < db_now(),
@@ -448,11 +486,21 @@ class Worker:
                                    f"(died or froze); attempt {r.attempts} counted as failed"})
                     for r in rows
                 ]
-                return len(await q._completer.finish(conn, outs))
+                info = {r.id: r for r in rows}
+                return [
+                    JobEvent(o.kind, o.job_id, info[o.job_id].type, info[o.job_id].group_key,
+                             o.attempt, o.owner, error=o.error, retry_in=o.retry_in,
+                             reclaimed=True)
+                    for o in await q._completer.finish_detailed(conn, outs)
+                ]
 
-            n = await q._write(sweep)
-            if n:
-                log.warning("reclaimed %d job(s) with expired leases", n)
+            events = await q._write(sweep)
+            if events:
+                log.warning("reclaimed %d job(s) with expired leases", len(events),
+                            extra={"worker": q.worker_id})
+                for ev in events:  # reported once, here: the dead worker cannot
+                    report(ev)
+                    q._hooks.emit(ev)
                 self.wake.set()
             await asyncio.sleep(min(q.lease_ttl / 4, max(q.poll_interval, 0.05) * 5))
 
@@ -559,7 +607,8 @@ class Worker:
             except Exception as exc:
                 if not self._retryable(exc):
                     raise
-                log.warning("%s: database error (%s); retrying in %.1fs", name, exc, delay)
+                log.warning("%s: database error (%s); retrying in %.1fs", name, exc, delay,
+                            extra={"worker": self.q.worker_id})
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
@@ -569,5 +618,30 @@ async def _claim(q: JobQueue, conn: Any, *, want: int, types: list[str]) -> list
 
 
 async def _finish(q: JobQueue, conn: Any, *, outcomes: list[Outcome]) -> list[Outcome]:
-    return await q._completer.finish(conn, outcomes)
+    return await q._completer.finish_detailed(conn, outcomes)
+
+
+def _extra(q: JobQueue, c: Claimed) -> dict[str, Any]:
+    return {"job_id": c.id, "job_type": c.type, "attempt": c.attempt, "worker": q.worker_id,
+            "group": c.group}
+
+
+def report(ev: JobEvent) -> None:
+    """Log how an attempt ended: one record, with the job fields as ``extra``."""
+    x = ev.log_extra()
+    took = f" in {ev.duration:.2f}s" if ev.duration is not None else ""
+    err = ev.error or {}
+    why = f"{err.get('type', '?')}: {err.get('message', '')}"
+    head = f"job {ev.job_id} ({ev.type}) attempt {ev.attempt}"
+    if ev.event == "done":
+        jlog.info("%s done%s", head, took, extra=x)
+    elif ev.event == "retry":
+        jlog.warning("%s failed%s (%s); retry in %.1fs", head, took, why, ev.retry_in or 0.0,
+                     extra=x)
+    elif ev.event == "failed":
+        jlog.error("%s failed for good%s (%s)", head, took, why, extra=x)
+    elif ev.event == "discarded":
+        jlog.warning("%s: outcome discarded, lease no longer held", head, extra=x)
+    else:
+        jlog.info("%s %s%s", head, ev.event, took, extra=x)
 

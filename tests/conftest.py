@@ -50,6 +50,11 @@ def server_url(name: str) -> str:
     return url
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that restart the database servers run last, so nothing else sees the outage."""
+    items.sort(key=lambda item: item.get_closest_marker("restart") is not None)
+
+
 @pytest.fixture(params=DATABASES)
 def db(request: pytest.FixtureRequest, tmp_path: Any) -> str:
     """The name of the database under test."""

@@ -30,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from aiojobqueue import JobContext, JobQueue
+from aiojobqueue import JobContext, JobEvent, JobQueue
 from aiojobqueue.runner import run_worker
 
 _fd = -1
@@ -97,12 +97,13 @@ def build(args: argparse.Namespace) -> JobQueue:
         return result(ctx, deps={str(k): [v["job"], v["attempt"]] for k, v in got.items()})
 
     def hook(name: str) -> Any:
-        def fn(c: Any, o: Any = None) -> None:
-            event(name, job=c.id, attempt=c.attempt)
+        def fn(e: JobEvent) -> None:
+            event(name, job=e.job_id, attempt=e.attempt)
         return fn
 
+    # "retry" and "failed" both end an attempt in failure (attempts left, or not)
     for name, ev in (("done", "fin"), ("discarded", "discarded"), ("released", "released"),
-                     ("failed", "failed"), ("cancelled", "cancel_fin")):
+                     ("retry", "failed"), ("failed", "failed"), ("cancelled", "cancel_fin")):
         q.on(name, hook(ev))
     return q
 

@@ -36,8 +36,8 @@ async def test_finalize_write_failure_is_retried(
         q = serving_queue(px.url(db_url), prefix)
         calls: list[int] = []
         events: list[str] = []
-        q.on("done", lambda c, o: events.append("done"))
-        q.on("discarded", lambda c, o: events.append("discarded"))
+        q.on("done", lambda e: events.append("done"))
+        q.on("discarded", lambda e: events.append("discarded"))
 
         @q.handler("step")
         async def step(ctx: JobContext) -> dict[str, int]:
@@ -72,8 +72,8 @@ async def test_commit_whose_answer_was_lost_is_finalized_once(
         q = serving_queue(px.url(db_url), prefix)
         calls: list[int] = []
         events: list[str] = []
-        q.on("done", lambda c, o: events.append("done"))
-        q.on("discarded", lambda c, o: events.append("discarded"))
+        q.on("done", lambda e: events.append("done"))
+        q.on("discarded", lambda e: events.append("discarded"))
         marker = "AMBIGUOUS-7f3a9c"
 
         @q.handler("step")

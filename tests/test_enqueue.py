@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -469,3 +470,43 @@ async def test_non_json_result_fails_the_job_clearly(queue: JobQueue) -> None:
     assert err["type"] == "NotJSONError"
     assert "result" in err["message"] and "JSON" in err["message"]
     assert (await queue.get(jid)).result is None
+
+
+async def test_dependencies_on_jobs_that_are_finishing_right_now(
+    make_queue: Callable[..., JobQueue],
+) -> None:
+    """Enqueue jobs depending on jobs a worker is finishing at that very moment: the batch
+    (which locks the existing rows) and the finalize (which releases dependents) must never
+    lose a release (a job stuck waiting) or release too early (started before a dep ended)."""
+    producer, worker = make_queue(), make_queue(capacity=8)
+    rng = random.Random(7)
+    start: dict[int, float] = {}
+    end: dict[int, float] = {}
+
+    @worker.handler("w")
+    async def w(ctx: JobContext, i: int) -> None:
+        start[ctx.job_id] = time.monotonic()
+        await asyncio.sleep(rng.random() * 0.01)
+        end[ctx.job_id] = time.monotonic()
+
+    await producer.start()
+    await worker.start()
+    ids = [await producer.enqueue("w", {"i": i}) for i in range(20)]
+    deps: dict[int, list[int]] = {}
+    server = asyncio.create_task(worker.serve())
+    try:
+        for i in range(150):
+            ups = rng.sample(ids[-30:], k=rng.randint(1, 3))
+            jid = await producer.enqueue("w", {"i": 100 + i}, depends_on=ups)
+            deps[jid] = ups
+            ids.append(jid)
+            if i % 10 == 0:
+                await asyncio.sleep(0.01)
+        for jid in ids:
+            await worker.wait(jid, timeout=30)
+    finally:
+        server.cancel()
+        await asyncio.gather(server, return_exceptions=True)
+    for jid, ups in deps.items():
+        for u in ups:
+            assert start[jid] >= end[u], (jid, u)

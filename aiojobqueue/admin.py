@@ -1,0 +1,409 @@
+"""Operator queries: status counts, job listings, a job's DAG neighbourhood, pruning.
+
+The command line is a thin shell over these functions; each takes a started ``JobQueue`` and
+works on every dialect. Ages are measured against the database clock, like leases.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import case, delete, func, select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from . import schema as S
+from .completer import lit
+from .errors import InvalidJobError, JobNotFoundError
+from .models import Job, JobState
+from .timeutil import db_now
+
+if TYPE_CHECKING:
+    from .queue import JobQueue
+
+CHUNK = 500
+LEAF_STATES = (S.WAITING, S.SCHEDULED, S.READY, S.RUNNING, S.DONE, S.FAILED, S.CANCELLED)
+
+
+# -- status ---------------------------------------------------------------------------------
+@dataclass
+class GroupStatus:
+    """Leaf-job counts of one group (containers are counted apart, in ``Status.containers``)."""
+
+    group: str
+    counts: dict[str, int] = field(default_factory=dict)
+    #: Seconds since the oldest ready job of the group was enqueued or became due.
+    oldest_ready_age: float | None = None
+
+    def count(self, state: str) -> int:
+        return self.counts.get(state, 0)
+
+
+@dataclass
+class WorkerInfo:
+    """One row of the worker registry (refreshed by every heartbeat)."""
+
+    id: str
+    host: str
+    pid: int
+    started_at: datetime
+    last_seen: datetime
+    running: int
+    #: Seconds since its last heartbeat.
+    seen_ago: float
+
+
+@dataclass
+class Status:
+    """What ``aiojobqueue status`` shows."""
+
+    now: datetime
+    #: Leaf jobs per state, all groups together.
+    totals: dict[str, int]
+    #: Containers per state.
+    containers: dict[str, int]
+    groups: list[GroupStatus]
+    #: Workers whose last heartbeat is at most ``recent`` seconds old.
+    workers: list[WorkerInfo]
+    #: Registered workers not seen for longer (stopped or dead; ``prune`` removes old ones).
+    stale_workers: int
+    recent: float
+
+    @property
+    def oldest_ready_age(self) -> float | None:
+        ages = [g.oldest_ready_age for g in self.groups if g.oldest_ready_age is not None]
+        return max(ages) if ages else None
+
+
+async def now(q: JobQueue) -> datetime:
+    """The database's current time."""
+    return await q._read(lambda conn: _now(conn))
+
+
+async def _now(conn: AsyncConnection) -> datetime:
+    value = (await conn.execute(select(db_now()))).scalar_one()
+    assert isinstance(value, datetime)
+    return value
+
+
+async def status(q: JobQueue, recent: float = 60.0) -> Status:
+    """Counts per group and state, the oldest ready job's age, workers seen in ``recent`` s."""
+    J, W = q._t.jobs, q._t.workers
+    since = case((J.c.run_after > J.c.created_at, J.c.run_after), else_=J.c.created_at)
+
+    async def read(conn: AsyncConnection) -> Status:
+        t = await _now(conn)
+        rows = (await conn.execute(
+            select(J.c.group_key, J.c.kind, J.c.state, func.count())
+            .group_by(J.c.group_key, J.c.kind, J.c.state)
+        )).all()
+        oldest = dict((await conn.execute(
+            select(J.c.group_key, func.min(since)).where(J.c.state == lit(S.READY))
+            .group_by(J.c.group_key)
+        )).all())
+        wrows = (await conn.execute(select(W).order_by(W.c.started_at, W.c.id))).all()
+        groups: dict[str, GroupStatus] = {}
+        totals: dict[str, int] = defaultdict(int)
+        boxes: dict[str, int] = defaultdict(int)
+        for g, kind, state, n in rows:
+            if kind == S.CONTAINER:
+                boxes[state] += n
+                continue
+            gs = groups.setdefault(g, GroupStatus(g))
+            gs.counts[state] = gs.counts.get(state, 0) + n
+            totals[state] += n
+        for g, ts in oldest.items():
+            if ts is not None and g in groups:
+                groups[g].oldest_ready_age = max((t - _as_dt(ts)).total_seconds(), 0.0)
+        workers, stale = [], 0
+        for w in wrows:
+            ago = max((t - w.last_seen).total_seconds(), 0.0)
+            if ago <= recent:
+                workers.append(WorkerInfo(w.id, w.host, w.pid, w.started_at, w.last_seen,
+                                          w.running, ago))
+            else:
+                stale += 1
+        return Status(t, dict(totals), dict(boxes), sorted(groups.values(), key=lambda g: g.group),
+                      workers, stale, recent)
+
+    return await q._read(read)
+
+
+def _as_dt(v: Any) -> datetime:
+    # min() over a CASE loses the column type on some dialects; decode it the same way.
+    from .timeutil import UTCDateTime
+
+    if isinstance(v, datetime) and v.tzinfo is not None:
+        return v
+    out = UTCDateTime().process_result_value(v, None)  # type: ignore[arg-type]
+    assert out is not None
+    return out
+
+
+# -- jobs -----------------------------------------------------------------------------------
+async def list_jobs(
+    q: JobQueue,
+    *,
+    state: str | None = None,
+    group: str | None = None,
+    type: str | None = None,
+    parent: int | None = None,
+    limit: int = 50,
+) -> list[Job]:
+    """The newest jobs first, optionally filtered. Raises InvalidJobError on a bad state."""
+    J = q._t.jobs
+    if state is not None and state not in {s.value for s in JobState}:
+        raise InvalidJobError(
+            f"unknown state {state!r}; one of {', '.join(s.value for s in JobState)}"
+        )
+    if limit < 1:
+        raise InvalidJobError(f"limit must be >= 1: {limit}")
+    cond = []
+    if state is not None:
+        cond.append(J.c.state == state)
+    if group is not None:
+        cond.append(J.c.group_key == group)
+    if type is not None:
+        cond.append(J.c.type == type)
+    if parent is not None:
+        cond.append(J.c.parent_id == parent)
+
+    async def read(conn: AsyncConnection) -> list[Job]:
+        rows = (await conn.execute(select(J).where(*cond).order_by(J.c.id.desc()).limit(limit)))
+        return await _jobs(q, conn, rows.all())
+
+    return await q._read(read)
+
+
+async def _jobs(q: JobQueue, conn: AsyncConnection, rows: Sequence[Any]) -> list[Job]:
+    from .queue import _to_job
+
+    D = q._t.deps
+    deps: dict[int, list[int]] = defaultdict(list)
+    ids = [r.id for r in rows]
+    for i in range(0, len(ids), CHUNK):
+        for jid, up in await conn.execute(
+            select(D.c.job_id, D.c.depends_on_id).where(D.c.job_id.in_(ids[i : i + CHUNK]))
+            .order_by(D.c.depends_on_id)
+        ):
+            deps[jid].append(up)
+    return [_to_job(r, deps[r.id]) for r in rows]
+
+
+@dataclass
+class JobGraph:
+    """One job and its neighbourhood in the DAG."""
+
+    job: Job
+    #: Its containers, outermost first.
+    ancestors: list[Job]
+    #: Its children (containers only), up to the limit asked for; ``children_total`` counts all.
+    children: list[Job]
+    children_total: int
+    #: Child counts per state (containers only).
+    children_states: dict[str, int]
+    #: The jobs it depends on.
+    dependencies: list[Job]
+    #: The jobs that depend on it, up to the limit; ``dependents_total`` counts all.
+    dependents: list[Job]
+    dependents_total: int
+
+
+async def graph(q: JobQueue, job_id: int, limit: int = 100) -> JobGraph:
+    """A job with its container ancestry, children, dependencies and dependents."""
+    J, D = q._t.jobs, q._t.deps
+
+    async def read(conn: AsyncConnection) -> JobGraph:
+        row = (await conn.execute(select(J).where(J.c.id == job_id))).first()
+        if row is None:
+            raise JobNotFoundError(f"no job with id {job_id}")
+        (job,) = await _jobs(q, conn, [row])
+        ancestors: list[Any] = []
+        parent = row.parent_id
+        while parent is not None and len(ancestors) < 100:
+            p = (await conn.execute(select(J).where(J.c.id == parent))).first()
+            if p is None:
+                break
+            ancestors.insert(0, p)
+            parent = p.parent_id
+        kids = (await conn.execute(
+            select(J).where(J.c.parent_id == job_id).order_by(J.c.id).limit(limit))).all()
+        kid_states: dict[str, int] = dict((await conn.execute(
+            select(J.c.state, func.count()).where(J.c.parent_id == job_id).group_by(J.c.state)
+        )).all())
+        ups = (await conn.execute(
+            select(J).join(D, D.c.depends_on_id == J.c.id).where(D.c.job_id == job_id)
+            .order_by(J.c.id))).all()
+        downs = (await conn.execute(
+            select(J).join(D, D.c.job_id == J.c.id).where(D.c.depends_on_id == job_id)
+            .order_by(J.c.id).limit(limit))).all()
+        n_downs = (await conn.execute(
+            select(func.count()).select_from(D).where(D.c.depends_on_id == job_id))).scalar_one()
+        return JobGraph(
+            job, await _jobs(q, conn, ancestors), await _jobs(q, conn, kids),
+            sum(kid_states.values()), {str(k): int(v) for k, v in kid_states.items()},
+            await _jobs(q, conn, ups), await _jobs(q, conn, downs), int(n_downs),
+        )
+
+    return await q._read(read)
+
+
+# -- operator actions -----------------------------------------------------------------------
+async def cancel(q: JobQueue, job_id: int) -> str:
+    """Cancel a job; returns ``cancelled``, ``running`` (a cancel request its worker honours
+    within a heartbeat) or the terminal state it already had."""
+    return await q._write(lambda conn: q._completer.cancel(conn, job_id))
+
+
+async def retry(q: JobQueue, job_id: int) -> list[int]:
+    """Retry a failed or cancelled job; returns every id revived with it."""
+    ids = await q._write(lambda conn: q._completer.retry(conn, job_id))
+    if q._worker is not None:
+        q._worker.wake.set()
+    return ids
+
+
+# -- pruning --------------------------------------------------------------------------------
+_AGE = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h|d|w)", re.IGNORECASE)
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_age(text: str) -> timedelta:
+    """``30s``, ``30m``, ``12h``, ``7d``, ``2w`` or combinations such as ``1d12h``."""
+    s = text.strip().replace(" ", "")
+    parts = _AGE.findall(s)
+    if not s or "".join(n + u for n, u in parts).lower() != s.lower():
+        raise InvalidJobError(
+            f"bad age {text!r}: use a number and a unit s/m/h/d/w, e.g. 30m, 12h, 7d"
+        )
+    return timedelta(seconds=sum(float(n) * _UNIT[u.lower()] for n, u in parts))
+
+
+@dataclass
+class PruneResult:
+    """What ``prune`` deleted (or, with ``dry_run``, would delete)."""
+
+    cutoff: datetime
+    jobs: int = 0
+    edges: int = 0
+    workers: int = 0
+    #: Finished top-level trees old enough but kept: a live job depends on one of their
+    #: jobs, or part of the tree is still live or finished after the cutoff.
+    kept: int = 0
+    dry_run: bool = False
+
+
+async def prune(
+    q: JobQueue, older_than: timedelta, *, dry_run: bool = False, batch: int = CHUNK
+) -> PruneResult:
+    """Delete finished jobs that finished more than ``older_than`` ago, keeping the DAG whole.
+
+    The unit of deletion is a top-level job with all its descendants (a container's whole
+    tree): it goes only when every job in it is terminal and finished before the cutoff, and
+    no live job outside it depends on any of its jobs. A job's edges go with it. Workers not
+    seen since the cutoff leave the registry. Each batch of trees is one transaction whose
+    rows are locked, so a concurrent retry or a new dependent waits and then sees a
+    consistent answer.
+    """
+    if older_than < timedelta(0):
+        raise InvalidJobError(f"older_than must not be negative: {older_than}")
+    J, D, W = q._t.jobs, q._t.deps, q._t.workers
+    cutoff = await now(q) - older_than
+    res = PruneResult(cutoff, dry_run=dry_run)
+    after = 0
+
+    async def step(conn: AsyncConnection) -> int | None:
+        roots = [r[0] for r in await conn.execute(
+            select(J.c.id).where(
+                J.c.parent_id.is_(None), J.c.state.in_(S.TERMINAL), J.c.finished_at < cutoff,
+                J.c.id > after,
+            ).order_by(J.c.id).limit(batch)
+        )]
+        if not roots:
+            return None
+        tree: dict[int, int] = {}  # member -> root
+        bad: set[int] = set()
+        # Level 0 locks the roots themselves (re-checked under the lock), then each level
+        # locks the children of the previous one.
+        level, by_id = roots, True
+        while level:
+            nxt: list[int] = []
+            for i in range(0, len(level), CHUNK):
+                part = level[i : i + CHUNK]
+                col = J.c.id if by_id else J.c.parent_id
+                stmt = q._ops.for_update(
+                    select(J.c.id, J.c.parent_id, J.c.state, J.c.finished_at)
+                    .where(col.in_(part)).order_by(J.c.id)
+                )
+                for r in await conn.execute(stmt):
+                    root = r.id if by_id else tree[r.parent_id]
+                    tree[r.id] = root
+                    if r.state not in S.TERMINAL or r.finished_at is None or (
+                        r.finished_at >= cutoff
+                    ):
+                        bad.add(root)
+                    nxt.append(r.id)
+            level, by_id = nxt, False
+        members = sorted(tree)
+        for i in range(0, len(members), CHUNK):
+            part = members[i : i + CHUNK]
+            rows = await conn.execute(
+                select(D.c.depends_on_id).join(J, J.c.id == D.c.job_id)
+                .where(D.c.depends_on_id.in_(part), J.c.state.in_(S.LIVE))
+            )
+            bad.update(tree[r[0]] for r in rows)
+        doomed = sorted(i for i, root in tree.items() if root not in bad)
+        res.kept += len(bad)
+        res.jobs += len(doomed)
+        for i in range(0, len(doomed), CHUNK):
+            part = doomed[i : i + CHUNK]
+            if dry_run:
+                res.edges += int((await conn.execute(
+                    select(func.count()).select_from(D)
+                    .where(D.c.job_id.in_(part) | D.c.depends_on_id.in_(part))
+                )).scalar_one())
+                continue
+            r1 = await conn.execute(delete(D).where(D.c.job_id.in_(part)))
+            r2 = await conn.execute(delete(D).where(D.c.depends_on_id.in_(part)))
+            res.edges += int(r1.rowcount) + int(r2.rowcount)
+            await conn.execute(delete(J).where(J.c.id.in_(part)))
+        return int(max(roots))
+
+    while True:
+        last = await q._write(step)
+        if last is None:
+            break
+        after = last
+
+    async def workers(conn: AsyncConnection) -> int:
+        if dry_run:
+            return int((await conn.execute(
+                select(func.count()).select_from(W).where(W.c.last_seen < cutoff))).scalar_one())
+        return int((await conn.execute(delete(W).where(W.c.last_seen < cutoff))).rowcount)
+
+    res.workers = await q._write(workers)
+    return res
+
+
+# -- plain data for --json ------------------------------------------------------------------
+def to_data(obj: Any) -> Any:
+    """Dataclasses, enums and datetimes as JSON-ready values."""
+    if hasattr(obj, "__dataclass_fields__"):
+        d = asdict(obj)
+        if isinstance(obj, Status):
+            d["oldest_ready_age"] = obj.oldest_ready_age
+        return to_data(d)
+    if isinstance(obj, dict):
+        return {str(k): to_data(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_data(v) for v in obj]
+    if isinstance(obj, Enum):
+        return obj.value
+    if isinstance(obj, datetime):
+        return obj.isoformat()
+    return obj
