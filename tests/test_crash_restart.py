@@ -29,6 +29,7 @@ pytestmark = [
 ]
 
 PG_RESTART = ["pg_ctlcluster", "--skip-systemctl-redirect", "15", "main", "restart"]
+PG_START = ["pg_ctlcluster", "--skip-systemctl-redirect", "15", "main", "start"]
 PG_READY = ["pg_isready", "-h", "127.0.0.1", "-p", "5432", "-q"]
 MY_STOP = ["mysqladmin", "-uroot", "shutdown"]
 MY_START = ["start-stop-daemon", "--start", "--oknodo", "--background",
@@ -126,7 +127,12 @@ async def test_restart_postgresql_and_mariadb_mid_run(caplog: pytest.LogCaptureF
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await _until_ready(PG_READY)  # leave the servers up whatever happened
+        # leave the servers up whatever happened
+        if await _run(PG_READY) != 0:
+            await _run(PG_START)
+        if await _run(MY_READY) != 0:
+            await _run(MY_START)
+        await _until_ready(PG_READY)
         await _until_ready(MY_READY)
         for r in runs:
             await r.q.close()
