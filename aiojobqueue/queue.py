@@ -329,8 +329,10 @@ class JobQueue:
                 if job.state == JobState.CANCELLED:
                     raise JobCancelled(job_id, job.error)
                 done = self._local_done
+                # asyncio.timeout, not wait_for (3.11's wait_for can swallow a cancellation)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(done.wait(), timeout=delay)
+                    async with asyncio.timeout(delay):
+                        await done.wait()
                 delay = min(delay * 1.5, self.poll_interval)
 
     async def cancel(self, job_id: int) -> None:

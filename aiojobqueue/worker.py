@@ -168,8 +168,11 @@ class Worker:
             exc, (OperationalError, InterfaceError, OSError, TimeoutError))
 
     async def _sleep_or_wake(self, delay: float) -> None:
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation
+        # that arrives as the wake event fires, and serve() would then never stop.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.wake.wait(), timeout=delay)
+            async with asyncio.timeout(delay):
+                await self.wake.wait()
 
     def _on_notify(self, _payload: str) -> None:
         self.wake.set()

@@ -96,8 +96,9 @@ class _PgListener(Listener):
             try:
                 while not lost.done():
                     # is_closed() alone misses a silently dead socket: probe it now and then.
-                    try:
-                        await asyncio.wait_for(asyncio.shield(lost), timeout=30.0)
+                    try:  # asyncio.timeout: 3.11's wait_for can swallow a cancellation
+                        async with asyncio.timeout(30.0):
+                            await asyncio.shield(lost)
                     except TimeoutError:
                         await apg.execute("SELECT 1")
                 raise ConnectionError("listener connection closed")
