@@ -67,7 +67,7 @@ class Run:
             await asyncio.sleep(0.1)
             return {"i": i, "attempt": ctx.attempt}
 
-        self.q.on("done", lambda c, o: self.fin.append((time.time(), c.id)))
+        self.q.on("done", lambda e: self.fin.append((time.time(), e.job_id)))
 
     async def done(self) -> int:
         J = self.q._t.jobs
