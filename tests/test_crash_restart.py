@@ -23,6 +23,7 @@ from aiojobqueue import JobContext, JobQueue, JobState
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.restart,
     pytest.mark.timeout(300),
     pytest.mark.skipif(os.environ.get("AIOJOBQUEUE_RESTART_TESTS") != "1",
                        reason="restarts the shared servers: set AIOJOBQUEUE_RESTART_TESTS=1"),
