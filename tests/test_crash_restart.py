@@ -23,6 +23,7 @@ from aiojobqueue import JobContext, JobQueue, JobState
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.restart,
     pytest.mark.timeout(300),
     pytest.mark.skipif(os.environ.get("AIOJOBQUEUE_RESTART_TESTS") != "1",
                        reason="restarts the shared servers: set AIOJOBQUEUE_RESTART_TESTS=1"),
@@ -68,7 +69,7 @@ class Run:
             await asyncio.sleep(0.1)
             return {"i": i, "attempt": ctx.attempt}
 
-        self.q.on("done", lambda c, o: self.fin.append((time.time(), c.id)))
+        self.q.on("done", lambda e: self.fin.append((time.time(), e.job_id)))
 
     async def done(self) -> int:
         J = self.q._t.jobs
