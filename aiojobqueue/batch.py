@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.sql.compiler import InsertmanyvaluesSentinelOpts
@@ -25,7 +25,7 @@ from .errors import (
     JobNotFoundError,
     NotJSONError,
 )
-from .timeutil import db_now
+from .timeutil import db_now, utcnow_plus
 
 if TYPE_CHECKING:
     from .queue import JobQueue
@@ -324,7 +324,6 @@ async def insert_specs(
     await _check_cycles(q, conn, fresh, node)
 
     # 3. states and pending counters, parents and upstreams first.
-    now: datetime = (await conn.execute(select(db_now()))).scalar_one()
     by_index = {s.ref._index: s for s in fresh}
     order = _parent_first(fresh, node)
     state: dict[tuple[str, int], str] = {("e", i): r.state for i, r in existing.items()}
@@ -369,18 +368,21 @@ async def insert_specs(
         kind, k = node(r)
         return by_index[k].ref.id if kind == "n" else k
 
-    any_ready = False
+    any_ready = any(s.state == S.READY for s in fresh)
+    wake = any_ready  # the wake-up rides on the first INSERT where the dialect can (below)
     for d in sorted(levels):
         new_rows: list[dict[str, Any]] = []
         for s in levels[d]:
-            run_after = now
+            # Times come from the database clock inside the INSERT itself (no extra trip):
+            # "_delay" seconds from now, or an absolute "run_after".
+            delay: float | None = 0.0
+            run_after: datetime | None = None
             if isinstance(s.run_after, timedelta):
-                run_after = now + s.run_after
+                delay = s.run_after.total_seconds()
             elif isinstance(s.run_after, datetime):
                 ra = s.run_after
-                run_after = ra if ra.tzinfo else ra.replace(tzinfo=UTC)
+                delay, run_after = None, ra if ra.tzinfo else ra.replace(tzinfo=UTC)
             dead = s.state == S.CANCELLED
-            any_ready = any_ready or s.state == S.READY
             new_rows.append(
                 {
                     "type": s.type,
@@ -393,6 +395,8 @@ async def insert_specs(
                     "priority": s.priority,
                     "pending": s.pending,
                     "run_after": run_after,
+                    "_delay": delay,
+                    "_dead": dead,
                     "attempts": 0,
                     "max_attempts": s.max_attempts,
                     "attempt_limit": s.max_attempts,
@@ -400,15 +404,14 @@ async def insert_specs(
                     "key": s.key,
                     "live_key": None if dead else s.key,
                     "cancelled_by": s.cancelled_by,
-                    "created_at": now,
-                    "finished_at": now if dead else None,
                     "error": (
                         {"type": "UpstreamFailed", "message": f"upstream {s.cancelled_by} "
                          f"{existing[s.cancelled_by].state}"} if dead and s.cancelled_by else None
                     ),
                 }
             )
-        ids = await _insert_rows(q, conn, new_rows)
+        ids = await _insert_rows(q, conn, new_rows, wake)
+        wake = wake and q._ops.notify_expr() is None
         for s, new_id in zip(levels[d], ids, strict=True):
             s.ref._id = new_id
     edges = [{"job_id": s.ref.id, "depends_on_id": resolve(d)} for s in fresh for d in s.depends_on]
@@ -422,53 +425,101 @@ async def insert_specs(
     if empty:
         # finished at once: release what waits on them (and roll up their parents) too
         await q._completer.settle(conn, await q._completer.rollup(conn, empty))
-    if any_ready:
+    if wake:
         await q._ops.notify(conn)
     return [s.ref.id for s in specs], any_ready
 
 
-async def _insert_rows(q: JobQueue, conn: AsyncConnection, rows: list[dict[str, Any]]) -> list[int]:
+def _with_times(row: dict[str, Any], now: Any) -> dict[str, Any]:
+    """A row's created/run_after/finished times: SQL on the database clock (``now`` is
+    db_now()) or, given a fetched ``now`` datetime, plain values."""
+    r = dict(row)
+    delay, dead = r.pop("_delay"), r.pop("_dead")
+    if isinstance(now, datetime):
+        if delay is not None:
+            r["run_after"] = now + timedelta(seconds=delay)
+    elif delay is not None:
+        r["run_after"] = utcnow_plus(delay)
+    r["created_at"] = now
+    r["finished_at"] = now if dead else None
+    return r
+
+
+async def _shapes(
+    q: JobQueue, conn: AsyncConnection, rows: list[dict[str, Any]]
+) -> list[tuple[list[int], Any, list[dict[str, Any]]]]:
+    """Split rows into statement shapes: (row indexes, INSERT, executemany params). The
+    common rows take their times from the database clock inside the INSERT; the rare ones
+    (absolute run_after, born cancelled) a clock read once."""
     J = q._t.jobs
-    out: list[int] = []
+    common = [i for i, r in enumerate(rows) if r["_delay"] is not None and not r["_dead"]]
+    rare = [i for i, r in enumerate(rows) if r["_delay"] is None or r["_dead"]]
+    out: list[tuple[list[int], Any, list[dict[str, Any]]]] = []
+    if common:
+        stmt = insert(J).values(created_at=db_now(), finished_at=None,
+                                run_after=utcnow_plus(bindparam("_delay")))
+        out.append((common, stmt, [{k: v for k, v in rows[i].items()
+                                    if k not in ("_dead", "run_after")} for i in common]))
+    if rare:
+        now = (await conn.execute(select(db_now()))).scalar_one()
+        out.append((rare, insert(J), [_with_times(rows[i], now) for i in rare]))
+    return out
+
+
+async def _insert_rows(
+    q: JobQueue, conn: AsyncConnection, rows: list[dict[str, Any]], wake: bool = False
+) -> list[int]:
+    """Insert job rows (from insert_specs) and return their ids in order. ``wake``: also send
+    the dialect's wake-up from this statement when it can (see DialectOps.notify_expr)."""
+    J = q._t.jobs
     dialect = conn.dialect
     ordered = dialect.insert_executemany_returning_sort_by_parameter_order and bool(
         dialect.insertmanyvalues_implicit_sentinel & InsertmanyvaluesSentinelOpts.ANY_AUTOINCREMENT
     )
-    if dialect.insert_returning and ordered and not q._force_insert_fallback:
-        for i in range(0, len(rows), CHUNK * 5):
-            res = await conn.execute(
-                insert(J).returning(J.c.id, sort_by_parameter_order=True), rows[i : i + CHUNK * 5]
-            )
-            out.extend(r[0] for r in res.all())
-        return out
-    if dialect.insert_returning and not q._force_insert_fallback:
-        # SQLite: without an implicit sentinel SQLAlchemy would send ordered RETURNING one row
-        # per statement. Unordered, it sends multi-row INSERTs in order; under the write lock
-        # each numbers its rows upwards in VALUES order, so the sorted ids are the rows' ids.
-        for i in range(0, len(rows), CHUNK * 5):
-            chunk = rows[i : i + CHUNK * 5]
-            res = await conn.execute(insert(J).returning(J.c.id), chunk)
-            got = sorted(r[0] for r in res.all())
-            if len(got) != len(chunk):  # pragma: no cover - defensive
-                raise RuntimeError("multi-row INSERT returned the wrong number of ids")
-            out.extend(got)
-        return out
-    # MySQL 8 has no INSERT ... RETURNING, and with innodb_autoinc_lock_mode=2 a multi-row
-    # INSERT's ids are increasing but not guaranteed consecutive. So tag the rows with a token in
-    # the (still unused) lease_owner column, read the ids back in id order, and clear the tag.
-    token = f"insert:{uuid.uuid4().hex}"
-    for i in range(0, len(rows), CHUNK):
-        chunk = [dict(r, lease_owner=token) for r in rows[i : i + CHUNK]]
-        await conn.execute(insert(J), chunk)  # executemany: batched multi-row INSERTs
-        got = [r[0] for r in await conn.execute(
-            select(J.c.id).where(J.c.state.in_(S.LIVE + S.TERMINAL), J.c.lease_owner == token)
-            .order_by(J.c.id)
-        )]
-        if len(got) != len(chunk):  # pragma: no cover - would mean a broken id mapping
-            raise RuntimeError(f"inserted {len(chunk)} jobs but found {len(got)}")
-        await conn.execute(update(J).where(J.c.id.in_(got)).values(lease_owner=None))
-        out.extend(got)
-    return out
+    notify = q._ops.notify_expr() if wake else None
+    extra = [notify] if notify is not None else []
+    ids: dict[int, int] = {}
+    for idx, stmt, params in await _shapes(q, conn, rows):
+        if dialect.insert_returning and ordered and not q._force_insert_fallback:
+            for c in range(0, len(idx), CHUNK * 5):
+                res = await conn.execute(
+                    stmt.returning(J.c.id, *extra, sort_by_parameter_order=True),
+                    params[c : c + CHUNK * 5],
+                )
+                ids.update(zip(idx[c : c + CHUNK * 5], (r[0] for r in res.all()), strict=True))
+                extra = []
+        elif dialect.insert_returning and not q._force_insert_fallback:
+            # SQLite: without an implicit sentinel SQLAlchemy would send ordered RETURNING one
+            # row per statement. Unordered, it sends multi-row INSERTs in order; under the
+            # write lock each numbers its rows upwards in VALUES order, so the sorted ids are
+            # the rows' ids.
+            for c in range(0, len(idx), CHUNK * 5):
+                chunk = params[c : c + CHUNK * 5]
+                res = await conn.execute(stmt.returning(J.c.id, *extra), chunk)
+                got = sorted(r[0] for r in res.all())
+                if len(got) != len(chunk):  # pragma: no cover - defensive
+                    raise RuntimeError("multi-row INSERT returned the wrong number of ids")
+                ids.update(zip(idx[c : c + CHUNK * 5], got, strict=True))
+                extra = []
+        else:
+            # MySQL 8 has no INSERT ... RETURNING, and with innodb_autoinc_lock_mode=2 a
+            # multi-row INSERT's ids are increasing but not guaranteed consecutive. So tag the
+            # rows with a token in the (still unused) lease_owner column, read the ids back
+            # in id order, and clear the tag.
+            token = f"insert:{uuid.uuid4().hex}"
+            for c in range(0, len(idx), CHUNK):
+                chunk = [dict(r, lease_owner=token) for r in params[c : c + CHUNK]]
+                await conn.execute(stmt, chunk)  # executemany: batched multi-row INSERTs
+                got = [r[0] for r in await conn.execute(
+                    select(J.c.id)
+                    .where(J.c.state.in_(S.LIVE + S.TERMINAL), J.c.lease_owner == token)
+                    .order_by(J.c.id)
+                )]
+                if len(got) != len(chunk):  # pragma: no cover - would mean a broken id mapping
+                    raise RuntimeError(f"inserted {len(chunk)} jobs but found {len(got)}")
+                await conn.execute(update(J).where(J.c.id.in_(got)).values(lease_owner=None))
+                ids.update(zip(idx[c : c + CHUNK], got, strict=True))
+    return [ids[i] for i in range(len(rows))]
 
 
 def _parent_first(specs: Sequence[_Spec], node: Any) -> list[_Spec]:

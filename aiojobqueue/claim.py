@@ -7,10 +7,11 @@ of each group (priority, then age) with SKIP LOCKED, and lease them.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Select, func, select, update
+from sqlalchemy import Select, bindparam, func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as S
@@ -34,6 +35,13 @@ class Claimed:
     timeout: float | None
     checkpoint: Any
     parent_id: int | None
+
+
+#: At most one promotion sweep per this many seconds per worker (capped by poll_interval):
+#: a busy worker claims hundreds of times a second, but a due retry can wait a tick.
+PROMOTE_EVERY = 0.1
+#: How long a census that found a single group with runnable jobs is trusted.
+GROUPS_EVERY = 0.1
 
 
 async def promote_due(q: JobQueue, conn: AsyncConnection) -> None:
@@ -76,10 +84,49 @@ def group_demand_query(q: JobQueue, types: list[str]) -> Select[Any]:
     return select(G.c.group_key, weight, running).where(has_ready.is_not(None))
 
 
-async def claim(q: JobQueue, conn: AsyncConnection, want: int, types: list[str]) -> list[Claimed]:
-    """Lease up to ``want`` jobs of ``types`` on ``conn`` (inside a write transaction)."""
+async def _demand(q: JobQueue, conn: AsyncConnection, types: list[str]) -> dict[str, GroupDemand]:
+    """Groups with runnable jobs of ``types``: their weight, what they run, their cap room."""
+    rows = (await conn.execute(group_demand_query(q, types))).all()
+    demand: dict[str, GroupDemand] = {}
+    for g, w, r in rows:
+        cap = q.group_limits.get(g)
+        demand[g] = GroupDemand(int(w or 1), int(r), None if cap is None else max(cap - int(r), 0))
+    return demand
+
+
+def _pick_and_lease(q: JobQueue, types: list[str], lease: dict[str, Any], cols: Any) -> Any:
+    """UPDATE ... WHERE id IN (best :n ready of group :g, SKIP LOCKED) RETURNING, built once
+    per handler-type set (the lease values are constants of this queue)."""
+    key = ("pick", tuple(types))
+    stmt = q._stmts.get(key)
+    if stmt is None:
+        J = q._t.jobs
+        pick = q._ops.skip_locked(
+            select(J.c.id)
+            .where(J.c.state == lit(S.READY), J.c.group_key == bindparam("g"),
+                   J.c.type.in_(types))
+            .order_by(J.c.priority.desc(), J.c.id)
+            .limit(bindparam("n"))
+        )
+        stmt = update(J).where(J.c.id.in_(pick.scalar_subquery())).values(**lease).returning(*cols)
+        q._stmts[key] = stmt
+    return stmt
+
+
+async def claim(
+    q: JobQueue, conn: AsyncConnection, want: int, types: list[str], quick: bool = False
+) -> list[Claimed]:
+    """Lease up to ``want`` jobs of ``types`` on ``conn`` (inside a write transaction).
+
+    ``quick``: an idle worker was just woken (a job was enqueued or released): go straight for
+    it. The promotion sweep and the census then run at most once per ``poll_interval`` (a
+    tick) instead of every PROMOTE_EVERY / GROUPS_EVERY."""
     J = q._t.jobs
-    await promote_due(q, conn)
+    now = time.monotonic()
+    every = q.poll_interval if quick else min(PROMOTE_EVERY, q.poll_interval)
+    if now - q._promoted_at >= every:
+        await promote_due(q, conn)
+        q._promoted_at = now
     if q._needs_gate:
         await q._ops.lock_gate(conn)
     free = want
@@ -92,43 +139,6 @@ async def claim(q: JobQueue, conn: AsyncConnection, want: int, types: list[str])
         free = min(free, await limit._budget(q, conn))
     if free <= 0:
         return []
-    rows = (await conn.execute(group_demand_query(q, types))).all()
-    demand: dict[str, GroupDemand] = {}
-    for g, w, r in rows:
-        cap = q.group_limits.get(g)
-        demand[g] = GroupDemand(int(w or 1), int(r), None if cap is None else max(cap - int(r), 0))
-    ids: list[int] = []
-    # Work-conserving: a group that has fewer runnable jobs than its share hands the rest on.
-    for _ in range(len(demand) + 1):
-        if free <= 0 or not demand:
-            break
-        plan = fair_share(free, demand)
-        exhausted = []
-        for g, n in sorted(plan.items()):
-            if n <= 0:
-                continue
-            cond = [J.c.state == lit(S.READY), J.c.group_key == g, J.c.type.in_(types)]
-            if ids:
-                cond.append(J.c.id.not_in(ids))
-            stmt = q._ops.skip_locked(
-                select(J.c.id).where(*cond).order_by(J.c.priority.desc(), J.c.id).limit(n)
-            )
-            got = [r[0] for r in await conn.execute(stmt)]
-            ids += got
-            free -= len(got)
-            d = demand[g]
-            if len(got) < n:
-                exhausted.append(g)
-            else:
-                demand[g] = GroupDemand(d.weight, d.running + len(got),
-                                        None if d.cap is None else d.cap - len(got))
-        for g in exhausted:
-            demand.pop(g)
-        if not exhausted:
-            break
-    if not ids:
-        return []
-    ids.sort()
     lease = {
         "state": S.RUNNING,
         "lease_owner": q.worker_id,
@@ -138,17 +148,75 @@ async def claim(q: JobQueue, conn: AsyncConnection, want: int, types: list[str])
         "cancel_requested": False,
     }
     cols = (J.c.id, J.c.type, J.c.args, J.c.attempts, J.c.group_key, J.c.timeout,
-            J.c.checkpoint, J.c.parent_id)
-    lease_stmt = update(J).where(J.c.id.in_(ids)).values(**lease)
-    if q._ops.update_returning:
-        out = (await conn.execute(lease_stmt.returning(*cols))).all()
-    else:
-        await conn.execute(lease_stmt)
-        out = (await conn.execute(select(*cols).where(J.c.id.in_(ids)))).all()
+            J.c.checkpoint, J.c.parent_id, J.c.priority)
+    returning = q._ops.update_returning
+    ids: list[int] = []
+    out: list[Any] = []
+    # With one group only (seen recently, no group caps) fair share has nothing to split:
+    # skip the per-group census for a moment. A new group is seen within GROUPS_EVERY, or at
+    # once when the known one runs dry.
+    cached = (q._single_group is not None and not q.group_limits
+              and now - q._groups_at < (q.poll_interval if quick
+                                        else min(GROUPS_EVERY, q.poll_interval)))
+    for _census in range(2):
+        if cached:
+            assert q._single_group is not None
+            demand = {q._single_group: GroupDemand(1)}
+        else:
+            demand = await _demand(q, conn, types)
+            q._groups_at = now
+            q._single_group = next(iter(demand)) if len(demand) == 1 else None
+        # Work-conserving: a group with fewer runnable jobs than its share hands the rest on.
+        for _ in range(len(demand) + 1):
+            if free <= 0 or not demand:
+                break
+            plan = fair_share(free, demand)
+            exhausted = []
+            for g, n in sorted(plan.items()):
+                if n <= 0:
+                    continue
+                if returning:
+                    # One statement: pick (SKIP LOCKED) and lease, rows back in the same trip.
+                    got_rows = (await conn.execute(
+                        _pick_and_lease(q, types, lease, cols), {"g": g, "n": n}
+                    )).all()
+                    out += got_rows
+                    got = len(got_rows)
+                else:
+                    cond = [J.c.state == lit(S.READY), J.c.group_key == g, J.c.type.in_(types)]
+                    if ids:
+                        cond.append(J.c.id.not_in(ids))
+                    pick = q._ops.skip_locked(
+                        select(J.c.id).where(*cond).order_by(J.c.priority.desc(), J.c.id)
+                        .limit(n)
+                    )
+                    picked = [r[0] for r in await conn.execute(pick)]
+                    ids += picked
+                    got = len(picked)
+                free -= got
+                d = demand[g]
+                if got < n:
+                    exhausted.append(g)
+                else:
+                    demand[g] = GroupDemand(d.weight, d.running + got,
+                                            None if d.cap is None else d.cap - got)
+            for g in exhausted:
+                demand.pop(g)
+            if not exhausted:
+                break
+        if not cached or free <= 0:
+            break
+        cached = False  # the one known group ran dry: look for others now
+    if ids:
+        ids.sort()
+        await conn.execute(update(J).where(q._ops.in_ids(J.c.id, ids)).values(**lease))
+        out = list((await conn.execute(select(*cols).where(q._ops.in_ids(J.c.id, ids)))).all())
+    if not out:
+        return []
     for limit in q._db_limits:
         await limit._consume(q, conn, len(out))
-    return sorted(
-        (Claimed(r.id, r.type, r.args, r.attempts, r.group_key, r.timeout, r.checkpoint,
-                 r.parent_id) for r in out),
-        key=lambda c: c.id,
-    )
+    # In pick order (RETURNING rows come back unordered): a prefetched job starts after the
+    # better ones claimed with it.
+    out.sort(key=lambda r: (-r.priority, r.id))
+    return [Claimed(r.id, r.type, r.args, r.attempts, r.group_key, r.timeout, r.checkpoint,
+                    r.parent_id) for r in out]

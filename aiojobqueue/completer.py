@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import and_, case, func, literal_column, select, tuple_, update
+from sqlalchemy import and_, bindparam, case, func, literal_column, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as S
@@ -78,17 +78,23 @@ class Completer:
             return []
         by_key = {(o.job_id, o.attempt): o for o in outcomes}
         held: dict[int, Any] = {}
-        keys = sorted(by_key)
-        for i in range(0, len(keys), CHUNK):
-            part = keys[i : i + CHUNK]
-            stmt = self.q._ops.for_update(
+        ids = sorted({o.job_id for o in outcomes})
+        # parent_id comes with the lock (it never changes), so settle() need not look it up.
+        # Dependents are NOT read here: an edge committed while we waited for the row lock
+        # would be invisible to this statement's snapshot (PostgreSQL, READ COMMITTED).
+        stmts = self.q._stmts
+        lock = stmts.get("finish.lock")
+        if lock is None:
+            lock = stmts["finish.lock"] = self.q._ops.for_update(
                 select(J.c.id, J.c.attempts, J.c.lease_owner, J.c.attempt_limit,
-                       J.c.cancel_requested, J.c.cancelled_by)
-                .where(tuple_(J.c.id, J.c.attempts).in_(part), J.c.state == lit(S.RUNNING))
+                       J.c.cancel_requested, J.c.cancelled_by, J.c.parent_id)
+                .where(self.q._ops.in_ids_param(J.c.id, "ids"), J.c.state == lit(S.RUNNING))
                 .order_by(J.c.id)
             )
-            for r in (await conn.execute(stmt)).all():
-                if r.lease_owner == by_key[(r.id, r.attempts)].owner:
+        for i in range(0, len(ids), CHUNK):
+            for r in (await conn.execute(lock, {"ids": ids[i : i + CHUNK]})).all():
+                o = by_key.get((r.id, r.attempts))
+                if o is not None and r.lease_owner == o.owner:
                     held[r.id] = r
         applied = [o for o in outcomes if o.job_id in held and held[o.job_id].attempts == o.attempt]
         finished: list[tuple[int, str]] = []
@@ -144,29 +150,53 @@ class Completer:
             else:  # pragma: no cover - programming error
                 raise ValueError(kind)
             effective.append(replace(o, kind=kind, retry_in=retry_in))
+        leaves: set[int] = set()
         if done_rows:
-            from sqlalchemy import bindparam
-
-            await conn.execute(
-                update(J).where(J.c.id == bindparam("i")).values(
-                    state=S.DONE, result=bindparam("r", type_=J.c.result.type), error=None,
-                    finished_at=now, live_key=None, **cleared,
-                ),
-                done_rows,
-            )
+            done_vals = dict(state=S.DONE, error=None, finished_at=now, live_key=None, **cleared)
+            # No result (None) is common: those rows share one set-based UPDATE.
+            plain = sorted(r["i"] for r in done_rows if r["r"] is None)
+            rich = [r for r in done_rows if r["r"] is not None]
+            upd = stmts.get("finish.done")
+            if upd is None:
+                upd = update(J).where(self.q._ops.in_ids_param(J.c.id, "ids")).values(
+                    result=None, **done_vals)
+                # Not "RETURNING EXISTS (dependents)": with a skewed deps table (100k jobs
+                # waiting on one) PostgreSQL's generic plan probes it by a sequential scan per
+                # row; settle()'s one id-array look-up stays on the index.
+                stmts["finish.done"] = upd
+            for i in range(0, len(plain), CHUNK):
+                await conn.execute(upd, {"ids": plain[i : i + CHUNK]})
+            if rich:
+                await conn.execute(
+                    update(J).where(J.c.id == bindparam("i")).values(
+                        result=bindparam("r", type_=J.c.result.type), **done_vals
+                    ),
+                    rich,
+                )
             finished.extend((r["i"], S.DONE) for r in done_rows)
         if finished:
-            await self.settle(conn, finished)
+            hint = {i: r.parent_id for i, r in held.items()}
+            await self.settle(conn, finished, hint, leaves)
         if released:  # another worker may start it at once (not after its poll interval)
             await self.q._ops.notify(conn)
         return effective
 
     # -- consequences ---------------------------------------------------------------------
-    async def settle(self, conn: AsyncConnection, finished: Iterable[tuple[int, str]]) -> None:
-        """Propagate jobs that just became terminal: release or cancel dependents, roll up."""
+    async def settle(
+        self,
+        conn: AsyncConnection,
+        finished: Iterable[tuple[int, str]],
+        parents: dict[int, int | None] | None = None,
+        leaves: set[int] | None = None,
+    ) -> None:
+        """Propagate jobs that just became terminal: release or cancel dependents, roll up.
+
+        ``parents`` maps finished ids to their parent id when the caller read them already
+        (finish() does, under the row lock): those need no look-up here; ``leaves`` are
+        finished ids known to have no dependents (read while their rows were locked)."""
         work = list(finished)
         while work:
-            done = [i for i, st in work if st == S.DONE]
+            done = [i for i, st in work if st == S.DONE and not (leaves and i in leaves)]
             bad = {i: i for i, st in work if st != S.DONE}
             newly: list[tuple[int, str]] = []
             if done:
@@ -174,16 +204,19 @@ class Completer:
             if bad:
                 cancelled = await self._cancel_downstream(conn, bad)
                 work = work + [(i, S.CANCELLED) for i in cancelled]
-            parents = await self._parents_of(conn, [i for i, _ in work])
-            newly += await self.rollup(conn, parents)
+            known = parents or {}
+            ups = await self._parents_of(conn, [i for i, _ in work if i not in known])
+            ups = sorted({*ups, *(p for i, _ in work if (p := known.get(i)) is not None)})
+            newly += await self.rollup(conn, ups)
             work = newly
+            parents = leaves = None
 
     async def _parents_of(self, conn: AsyncConnection, ids: Sequence[int]) -> list[int]:
         J = self.J
         out: set[int] = set()
         for i in range(0, len(ids), CHUNK):
             rows = await conn.execute(
-                select(J.c.parent_id).where(J.c.id.in_(ids[i : i + CHUNK]),
+                select(J.c.parent_id).where(self.q._ops.in_ids(J.c.id, ids[i : i + CHUNK]),
                                             J.c.parent_id.is_not(None)).distinct()
             )
             out.update(r[0] for r in rows)
@@ -195,12 +228,14 @@ class Completer:
         J, D = self.J, self.D
         counts: dict[int, int] = defaultdict(int)
         for i in range(0, len(done), CHUNK):
+            # No GROUP BY: counted here. Grouped, PostgreSQL's generic plan walks the whole
+            # deps primary key when the table is skewed (many jobs waiting on one upstream).
             rows = await conn.execute(
-                select(D.c.job_id, func.count()).where(D.c.depends_on_id.in_(done[i : i + CHUNK]))
-                .group_by(D.c.job_id)
+                select(D.c.job_id)
+                .where(self.q._ops.in_ids(D.c.depends_on_id, done[i : i + CHUNK]))
             )
-            for jid, n in rows:
-                counts[jid] += n
+            for (jid,) in rows:
+                counts[jid] += 1
         if not counts:
             return []
         by_n: dict[int, list[int]] = defaultdict(list)

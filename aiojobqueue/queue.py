@@ -106,6 +106,12 @@ class JobQueue:
         self._ops: DialectOps = None  # type: ignore[assignment]
         self._completer = Completer(self)
         self._known_groups: set[str] = set()
+        self._promoted_at = 0.0  # monotonic time of this process's last promotion sweep
+        self._groups_at = 0.0  # ... and of its last census of groups with runnable jobs
+        self._single_group: str | None = None  # the only such group then, if just one
+        # Hot statements built once (claim, finalize): no per-round construction and one
+        # compiled form each; keyed by their role and shape.
+        self._stmts: dict[Any, Any] = {}
         # Tests force the no-RETURNING insert path (MySQL 8) on MariaDB with this.
         self._force_insert_fallback = False
         self._local_done = asyncio.Event()
@@ -285,6 +291,15 @@ class JobQueue:
                 conn = connection
             ids, any_ready = await insert_specs(self, conn, specs)
             return ids
+        if self._ops.autocommit_insert and self._lone_insert(specs):
+            # One INSERT statement does it all (times from the database clock, the wake-up
+            # in its RETURNING): it is atomic by itself, so skip BEGIN and COMMIT.
+            async with self.engine.connect() as conn:
+                conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+                ids, any_ready = await insert_specs(self, conn, specs)
+            if any_ready and self._worker is not None:
+                self._worker.wake.set()
+            return ids
         for attempt in range(3):
             try:
                 ids, any_ready = await self._write(lambda conn: insert_specs(self, conn, specs))
@@ -297,6 +312,15 @@ class JobQueue:
                 for s in specs:
                     s.ref._id = None
         raise AssertionError("unreachable")
+
+    def _lone_insert(self, specs: list[_Spec]) -> bool:
+        """Jobs whose insert is a single statement: no key, edge, parent or container, a
+        group already known to exist, no absolute run_after, and few enough for one chunk."""
+        return len(specs) <= 100 and all(
+            s.key is None and not s.depends_on and s.parent is None and not s.is_container
+            and s.group in self._known_groups and not isinstance(s.run_after, datetime)
+            for s in specs
+        )
 
     # -- inspection -----------------------------------------------------------------------
     async def get(self, job_id: int) -> Job:

@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -36,6 +37,10 @@ log = logging.getLogger("aiojobqueue.worker")
 #: One record per attempt start/end; silence it alone to keep warnings but not per-job lines.
 jlog = logging.getLogger("aiojobqueue.jobs")
 T = TypeVar("T")
+#: Prefetch aims to hold about this many seconds of work ahead of the free slots ...
+PREFETCH_HORIZON = 0.05
+#: ... and never more than this many times its capacity.
+PREFETCH_MAX = 2
 
 
 @dataclass
@@ -75,6 +80,13 @@ class Worker:
     #: consecutive non-retryable write failures of one outcome (a poison outcome)
     poison: dict[tuple[int, int], int] = field(default_factory=dict)
     one_by_one: int = 0
+    #: Leased (prefetched) jobs waiting for a free handler slot, with their lease time.
+    buffer: deque[tuple[Claimed, float]] = field(default_factory=deque)
+    _active: int = 0  # handlers executing now (capacity caps this)
+    _avg_run: float | None = None  # moving average of handler run time, seconds
+    _backlog: bool = False  # the last claim got all it asked for
+    _poked: bool = False  # a notification arrived since the last round
+    _pumping: bool = False  # the tick loop runs: it writes outcomes with its rounds
 
     @property
     def margin(self) -> float:
@@ -124,38 +136,70 @@ class Worker:
             log.debug("could not deregister worker %s: %s", self.q.worker_id, exc)
 
     async def _tick_loop(self) -> None:
+        """The pump: each round is ONE transaction that writes the finished attempts (fenced)
+        and leases replacements for the freed slots (plus a short prefetch), so a busy worker
+        pays one commit per round, not one per claim and one per flush."""
         q = self.q
         types = sorted(q._handlers)
         delay = 0.0
-        while not self.stopping:
-            if delay:
-                await self._sleep_or_wake(delay)
-            self.wake.clear()
-            free = q.capacity - len(self.running)
-            free = await local_budget(q._local_limits, free)
-            got: list[Claimed] = []
-            # No new leases while this worker cannot renew the ones it has.
-            if free > 0 and types and self._leases_healthy():
-                t0 = time.monotonic()
-                self.claiming = True
-                try:
-                    got = await q._write(partial(_claim, q, want=free, types=types))
-                except Exception as exc:
-                    if not self._retryable(exc):
-                        raise
-                    log.warning("claim failed (%s); backing off", exc,
-                                extra={"worker": q.worker_id})
+        self._pumping = True
+        try:
+            while not self.stopping:
+                quick = False
+                if delay:
+                    # Woken from idle by a notification (an enqueue elsewhere): go straight
+                    # for the job (see claim(quick=True)).
+                    quick = await self._sleep_or_wake(delay) and self._poked and not self.outbox
+                else:
+                    await asyncio.sleep(0)  # let just-started handlers run: their slots count
+                if self.stopping:
+                    break
+                self.wake.clear()
+                self._poked = False
+                want = q.capacity + self._prefetch() - self._active - len(self.buffer)
+                want = await local_budget(q._local_limits, want)
+                # No new leases while this worker cannot renew the ones it has.
+                if not types or not self._leases_healthy():
+                    want = 0
+                want = max(want, 0)
+                if not want and not self.outbox:
+                    delay = q.poll_interval  # a finishing job sets `wake`
+                    continue
+                ok, got = await self._flush(want, types, quick)
+                if not ok:
                     delay = min(max(delay * 2, 0.2), 5.0)
                     continue
-                finally:
-                    self.claiming = False
-                for c in got:
-                    self._start(c, t0)
-            idle_now = self.idle_exit and not got and not self.running and not self.outbox
-            if idle_now and await self._idle(types):
-                return
-            # A full claim means more may be waiting: go again at once.
-            delay = 0.0 if got and len(got) == free else q.poll_interval
+                if want:
+                    self._backlog = len(got) >= want
+                self._fill()
+                idle_now = (self.idle_exit and not got and not self.running and not self.outbox
+                            and not self.buffer)
+                if idle_now and await self._idle(types):
+                    return
+                # A full claim means more may be waiting, and outcomes that arrived meanwhile
+                # should be written: go again at once.
+                delay = 0.0 if (got and len(got) == want) or self.outbox else q.poll_interval
+        finally:
+            self._pumping = False
+
+    def _prefetch(self) -> int:
+        """Extra jobs to lease ahead of free slots: about what this worker starts within
+        PREFETCH_HORIZON at its recent pace, at most PREFETCH_MAX x ``capacity``; only while
+        the last claim came back full (a backlog to run through: a shallow ready set is left
+        to the other workers). None where a global cap, group cap or limit is counted (a
+        prefetched job would hold a scarce slot idle), nor where the dialect says so."""
+        q = self.q
+        if (q._needs_gate or q._local_limits or not q._ops.prefetch or self._avg_run is None
+                or not self._backlog):
+            return 0
+        pace = q.capacity * PREFETCH_HORIZON / max(self._avg_run, 1e-6)
+        return min(PREFETCH_MAX * q.capacity, int(pace))
+
+    def _fill(self) -> None:
+        """Start leased jobs while handler slots are free."""
+        while self.buffer and self._active < self.q.capacity and not self.stopping:
+            c, leased_at = self.buffer.popleft()
+            self._start(c, leased_at)
 
     def _leases_healthy(self) -> bool:
         return time.monotonic() - self.beat_ok_at < self.q.lease_ttl - self.margin
@@ -167,14 +211,19 @@ class Worker:
         return self.q._ops.is_transient(exc) or isinstance(
             exc, (OperationalError, InterfaceError, OSError, TimeoutError))
 
-    async def _sleep_or_wake(self, delay: float) -> None:
+    async def _sleep_or_wake(self, delay: float) -> bool:
+        """Sleep up to ``delay``; True if woken before it passed."""
         # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation
         # that arrives as the wake event fires, and serve() would then never stop.
-        with contextlib.suppress(TimeoutError):
+        try:
             async with asyncio.timeout(delay):
                 await self.wake.wait()
+        except TimeoutError:
+            return False
+        return True
 
     def _on_notify(self, _payload: str) -> None:
+        self._poked = True
         self.wake.set()
 
     def _start(self, c: Claimed, leased_at: float) -> None:
@@ -185,6 +234,7 @@ class Worker:
             self.reasons.setdefault((c.id, old.claimed.attempt), "lost")
             old.task.cancel()
         self.claims += 1
+        self._active += 1
         notify(self.q._local_limits, "on_start", c.type, c.group)
         task = asyncio.create_task(self._run(c), name=f"ajq-job-{c.id}")
         self.running[c.id] = _Running(c, task, leased_at)
@@ -194,15 +244,24 @@ class Worker:
         self.q._hooks.emit(ev)
 
     async def _run(self, c: Claimed) -> None:
-        outcome = await run_attempt(self.q, c, self.reasons)
+        t0 = time.monotonic()
+        try:
+            outcome = await run_attempt(self.q, c, self.reasons)
+        finally:
+            self._active -= 1
+        took = time.monotonic() - t0
+        avg = self._avg_run
+        self._avg_run = took if avg is None else avg + (took - avg) * 0.1
         if outcome is None:  # lease lost: another attempt owns the job now
             self._forget(c)
-            return
-        r = self.running.get(c.id)
-        if r is not None and r.claimed.attempt == c.attempt:
-            r.outcome_queued = True
-        self.outbox.append(outcome)
-        self.outbox_event.set()
+        else:
+            r = self.running.get(c.id)
+            if r is not None and r.claimed.attempt == c.attempt:
+                r.outcome_queued = True
+            self.outbox.append(outcome)
+            self.outbox_event.set()
+            self.wake.set()  # the pump writes it with its next round
+        self._fill()
 
     def _forget(self, c: Claimed) -> None:
         r = self.running.get(c.id)
@@ -221,7 +280,10 @@ class Worker:
         while True:
             await self.outbox_event.wait()
             self.outbox_event.clear()
-            if await self._flush():
+            if self._pumping and not self.claiming:
+                continue  # the pump writes outcomes with its next round (fewer commits)
+            ok, _ = await self._flush()
+            if ok:
                 delay = 0.05
                 continue
             await asyncio.sleep(delay)
@@ -230,66 +292,118 @@ class Worker:
             delay = min(delay * 2, self.q.heartbeat_interval)
             self.outbox_event.set()
 
-    async def _flush(self) -> bool:
-        """Write the queued outcomes once; False if the write failed (they stay queued)."""
+    async def _flush(
+        self, want: int = 0, types: list[str] | None = None, quick: bool = False
+    ) -> tuple[bool, list[Claimed]]:
+        """Write the queued outcomes once (one transaction, retries=0: a retry inside _write
+        would hide a commit whose answer was lost), then lease up to ``want`` jobs of
+        ``types`` in a second one: the pump's round. Not one transaction for both: a round
+        whose commit answer is lost would strand the leases it took until they are released
+        as orphans, bumping those jobs' attempt numbers. (False, got) if a write failed: the
+        outcomes stay queued."""
         q = self.q
         async with self.flush_lock:
             n = 1 if self.one_by_one else len(self.outbox)
             batch, self.outbox = self.outbox[:n], self.outbox[n:]
-            if not batch:
-                return True
+            if batch and not await self._write_outcomes(batch):
+                return False, []
+        if want:
+            t0 = time.monotonic()
+            self.claiming = True
+            # Shielded: a shutdown that lands mid-claim lets it finish, so its leases are
+            # not lost (_drain releases what it claimed and did not start).
+            write = asyncio.ensure_future(q._write(
+                partial(_claim, q, want=want, types=types or [], quick=quick)))
             try:
-                # retries=0: a retry inside _write would hide a commit whose answer was lost
-                applied = await q._write(partial(_finish, q, outcomes=batch), retries=0)
-            except Exception as exc:
-                self.outbox = batch + self.outbox
-                if self._retryable(exc):
-                    # it may have committed before the link died: check before reporting
-                    self.uncertain.update((o.job_id, o.attempt) for o in batch)
-                    log.warning("finalize of %d job(s) failed (%s); retrying", len(batch), exc,
-                                extra={"worker": q.worker_id})
-                else:
-                    self._poisoned(batch, exc)
-                return False
-            self.one_by_one = max(self.one_by_one - 1, 0)
-            eff = {(o.job_id, o.attempt): o for o in applied}  # what actually happened
-            ok = set(eff)
-            unsure = [o for o in batch if (o.job_id, o.attempt) in self.uncertain - ok]
-            if unsure:
                 try:
-                    ok |= await q._read(lambda conn: self._committed_before(conn, unsure))
-                except Exception as exc:  # only the report is at stake, not the job
-                    log.warning("could not check earlier finalize (%s)", exc)
-            for o in batch:
-                key = (o.job_id, o.attempt)
-                self.uncertain.discard(key)
-                self.poison.pop(key, None)
-                r = self.running.get(o.job_id)
-                if r is not None and r.claimed.attempt == o.attempt:
-                    c = r.claimed
-                    self._forget(c)
-                    # an outcome found committed after a lost answer has no detail: as given
-                    e = eff.get(key, o) if key in ok else None
-                    ev = JobEvent(
-                        e.kind if e is not None else "discarded", c.id, c.type, c.group,
-                        c.attempt, q.worker_id, duration=time.monotonic() - r.started,
-                        error=o.error, retry_in=e.retry_in if e is not None else None,
-                    )
-                    report(ev)
-                    q._hooks.emit(ev)
-                elif key not in ok:
-                    log.warning("job %s attempt %s: outcome discarded, lease no longer held",
-                                o.job_id, o.attempt, extra={"job_id": o.job_id,
-                                                            "attempt": o.attempt,
-                                                            "worker": q.worker_id})
-            q._local_done.set()
-            q._local_done = asyncio.Event()
-            self.wake.set()
-            if self.outbox:
-                self.outbox_event.set()  # a partial batch (one by one): go on with the rest
+                    got = await asyncio.shield(write)
+                except asyncio.CancelledError:
+                    with contextlib.suppress(Exception):
+                        self.buffer.extend((c, t0) for c in await write)
+                    raise
+                finally:
+                    self.claiming = False
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if not self._retryable(exc):
+                    raise
+                log.warning("claim failed (%s); backing off", exc, extra={"worker": q.worker_id})
+                return False, []
+            self.buffer.extend((c, t0) for c in got)
+            return True, got
+        return True, []
+
+    async def _write_outcomes(self, batch: list[Outcome]) -> bool:
+        q = self.q
+        write = asyncio.ensure_future(q._write(partial(_finish, q, outcomes=batch), retries=0))
+        try:
+            try:
+                applied = await asyncio.shield(write)
+            except asyncio.CancelledError:  # shutting down: let the write land first
+                try:
+                    applied = await write
+                except Exception:
+                    self.outbox = batch + self.outbox
+                else:
+                    await self._flushed(batch, applied)
+                raise
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.outbox = batch + self.outbox
+            if self._retryable(exc):
+                # it may have committed before the link died: check before reporting
+                self.uncertain.update((o.job_id, o.attempt) for o in batch)
+                log.warning("finalize of %d job(s) failed (%s); retrying", len(batch), exc,
+                            extra={"worker": q.worker_id})
             else:
-                self.flushed.set()
-            return True
+                self._poisoned(batch, exc)
+            return False
+        await self._flushed(batch, applied)
+        return True
+
+    async def _flushed(self, batch: list[Outcome], applied: list[Outcome]) -> None:
+        """Bookkeeping after ``batch`` was written: forget, report, wake waiters."""
+        q = self.q
+        self.one_by_one = max(self.one_by_one - 1, 0)
+        eff = {(o.job_id, o.attempt): o for o in applied}  # what actually happened
+        ok = set(eff)
+        unsure = [o for o in batch if (o.job_id, o.attempt) in self.uncertain - ok]
+        if unsure:
+            try:
+                ok |= await q._read(lambda conn: self._committed_before(conn, unsure))
+            except Exception as exc:  # only the report is at stake, not the job
+                log.warning("could not check earlier finalize (%s)", exc)
+        for o in batch:
+            key = (o.job_id, o.attempt)
+            self.uncertain.discard(key)
+            self.poison.pop(key, None)
+            r = self.running.get(o.job_id)
+            if r is not None and r.claimed.attempt == o.attempt:
+                c = r.claimed
+                self._forget(c)
+                # an outcome found committed after a lost answer has no detail: as given
+                e = eff.get(key, o) if key in ok else None
+                ev = JobEvent(
+                    e.kind if e is not None else "discarded", c.id, c.type, c.group,
+                    c.attempt, q.worker_id, duration=time.monotonic() - r.started,
+                    error=o.error, retry_in=e.retry_in if e is not None else None,
+                )
+                report(ev)
+                q._hooks.emit(ev)
+            elif key not in ok:
+                log.warning("job %s attempt %s: outcome discarded, lease no longer held",
+                            o.job_id, o.attempt, extra={"job_id": o.job_id,
+                                                        "attempt": o.attempt,
+                                                        "worker": q.worker_id})
+        q._local_done.set()
+        q._local_done = asyncio.Event()
+        self.wake.set()
+        if self.outbox:
+            self.outbox_event.set()  # a partial batch (one by one): go on with the rest
+        else:
+            self.flushed.set()
 
     def _poisoned(self, batch: list[Outcome], exc: Exception) -> None:
         """A write that fails for a reason other than the database being away (say, a result
@@ -349,6 +463,8 @@ class Worker:
         while True:
             t0 = time.monotonic()
             mine = {i: r.claimed.attempt for i, r in self.running.items()}
+            # prefetched jobs are leased here too: renew them, never take them for orphans
+            mine.update((c.id, c.attempt) for c, _ in self.buffer)
             try:
                 async with asyncio.timeout(max(q.lease_ttl, 5.0)):  # a hung link is no beat
                     rows = await q._write(partial(self._beat, ids=sorted(mine)))
@@ -419,9 +535,11 @@ class Worker:
         # was lost): release them. Seen on two beats in a row with no claim in flight, so a
         # claim that committed but has not started its jobs yet is never mistaken for one.
         unknown = set()
+        buffered = {(c.id, c.attempt) for c, _ in self.buffer}
         for h in rows:
             r = self.running.get(h.id)
-            if r is None or r.claimed.attempt != h.attempts:
+            if (r is None or r.claimed.attempt != h.attempts) and (
+                    (h.id, h.attempts) not in buffered):
                 unknown.add((h.id, h.attempts))
         if self.claiming:
             self.orphans |= unknown
@@ -551,7 +669,7 @@ class Worker:
                 pass
             if not self.outbox:
                 break
-            if not await self._flush():
+            if not (await self._flush())[0]:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
         try:
@@ -613,8 +731,10 @@ class Worker:
                 delay = min(delay * 2, 5.0)
 
 
-async def _claim(q: JobQueue, conn: Any, *, want: int, types: list[str]) -> list[Claimed]:
-    return await claim(q, conn, want, types)
+async def _claim(
+    q: JobQueue, conn: Any, *, want: int, types: list[str], quick: bool = False
+) -> list[Claimed]:
+    return await claim(q, conn, want, types, quick)
 
 
 async def _finish(q: JobQueue, conn: Any, *, outcomes: list[Outcome]) -> list[Outcome]:

@@ -61,11 +61,13 @@ async def _fill(q: JobQueue, done: int, waiting: int, ready: int) -> None:
 
 
 async def _claim_selects(q: JobQueue) -> list[tuple[str, Any]]:
-    """The SELECTs the claim transaction really sends (rolled back: nothing is leased)."""
+    """The SELECTs (and the UPDATE that picks and leases in one statement, where the dialect
+    has UPDATE ... RETURNING) the claim transaction really sends (rolled back)."""
     seen: list[tuple[str, Any]] = []
 
     def on_execute(conn: Any, cursor: Any, statement: str, params: Any, *a: Any) -> None:
-        if statement.lstrip().upper().startswith("SELECT"):
+        head = statement.lstrip().upper()
+        if head.startswith("SELECT") or (head.startswith("UPDATE") and "ORDER BY" in head):
             seen.append((statement, params))
 
     event.listen(q.engine.sync_engine, "before_cursor_execute", on_execute)
@@ -99,8 +101,8 @@ async def test_claim_uses_the_ready_index(make_queue: Callable[..., JobQueue], d
             await conn.execute(text(analyze))
             await conn.commit()
         selects = await _claim_selects(q)
-        pick = [s for s in selects  # the per-group pick (group discovery is a separate SELECT)
-                if s[0].lstrip().startswith(f"SELECT {J.name}.id") and "priority DESC" in s[0]]
+        pick = [s for s in selects if "ORDER BY" in s[0] and "priority DESC" in s[0]
+                and f"{q.prefix}groups" not in s[0]]
         assert len(pick) == 1, selects
         stmt, params = pick[0]
         plans: list[str] = []

@@ -7,10 +7,10 @@ the database only through SQLAlchemy Core plus the hooks below.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar
 
-from sqlalchemy import Select, Table, select
+from sqlalchemy import Select, Table, bindparam, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -33,6 +33,10 @@ class DialectOps(ABC):
     name: ClassVar[str]
     #: UPDATE ... RETURNING exists (not on MySQL/MariaDB).
     update_returning: ClassVar[bool] = True
+    #: Workers may lease a few jobs ahead of free slots (see Worker._prefetch).
+    prefetch: ClassVar[bool] = True
+    #: A lone multi-row INSERT ... RETURNING may run in autocommit (one round trip).
+    autocommit_insert: ClassVar[bool] = False
 
     def __init__(self, tables: Tables) -> None:
         self.t = tables
@@ -48,6 +52,16 @@ class DialectOps(ABC):
 
     async def check_server(self, conn: AsyncConnection) -> None:  # noqa: B027 - optional hook
         """Raise UnsupportedDatabaseError when the server cannot run the claim."""
+
+    def in_ids(self, col: Any, ids: Sequence[int]) -> Any:
+        """``col IN (ids)``. PostgreSQL overrides it with one array parameter, so the statement
+        text (and the server's prepared statement) stays the same whatever the count."""
+        return col.in_(ids)
+
+    def in_ids_param(self, col: Any, name: str) -> Any:
+        """``col IN (:name)`` with the ids bound at execution, for statements built once and
+        reused (no per-call construction, one compiled form)."""
+        return col.in_(bindparam(name, expanding=True))
 
     @abstractmethod
     def skip_locked(self, stmt: Select[Any]) -> Select[Any]:
@@ -77,6 +91,11 @@ class DialectOps(ABC):
 
     async def notify(self, conn: AsyncConnection, payload: str = "") -> None:  # noqa: B027
         """Send a wake-up inside the caller's transaction (delivered on commit)."""
+
+    def notify_expr(self) -> Any:
+        """An expression that sends the wake-up when evaluated inside a statement (so an
+        INSERT can carry it in RETURNING instead of a separate round trip), or None."""
+        return None
 
     def listener(self, engine: AsyncEngine) -> Listener | None:
         """A push listener, or None where only polling exists."""

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import BigInteger, Select, any_, bindparam, func, literal, select
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -23,9 +25,16 @@ _TRANSIENT = {"40P01", "40001", "55P03", "57P01", "57P02", "57P03", "08000", "08
 
 class PostgresOps(DialectOps):
     name = "postgresql"
+    autocommit_insert = True
 
     def _insert_ignore(self, table: Any) -> Any:
         return pg_insert(table).on_conflict_do_nothing()
+
+    def in_ids(self, col: Any, ids: Sequence[int]) -> Any:
+        return col == any_(literal(list(ids), ARRAY(BigInteger)))
+
+    def in_ids_param(self, col: Any, name: str) -> Any:
+        return col == any_(bindparam(name, type_=ARRAY(BigInteger)))
 
     def skip_locked(self, stmt: Select[Any]) -> Select[Any]:
         return stmt.with_for_update(skip_locked=True)
@@ -35,6 +44,11 @@ class PostgresOps(DialectOps):
 
     async def notify(self, conn: AsyncConnection, payload: str = "") -> None:
         await conn.execute(select(func.pg_notify(self.channel(), payload)))
+
+    def notify_expr(self) -> Any:
+        # Evaluated once per returned row, but NOTIFY collapses identical notifications of
+        # one transaction into one.
+        return func.pg_notify(self.channel(), "")
 
     def listener(self, engine: AsyncEngine) -> Listener:
         return _PgListener(engine, self.channel())

@@ -7,6 +7,8 @@ busy timeout turns "database is locked" into a wait (retried further up if it st
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
 from typing import Any
 
 from sqlalchemy import Select, event
@@ -15,13 +17,19 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from .base import DialectOps
+from .base import DialectOps, Listener, WakeCallback
 
 BUSY_TIMEOUT_MS = 30_000
+#: How often an idle worker looks for commits made by other connections.
+WATCH_EVERY = 0.005
 
 
 class SQLiteOps(DialectOps):
     name = "sqlite"
+    # One writer at a time: a worker that leases ahead re-takes the write lock round after
+    # round while other processes sit in the busy handler's back-off, so it would end up
+    # hoarding the queue. Rounds stay batched (finalize + claim per commit) without it.
+    prefetch = False
 
     def prepare_engine(self, engine: AsyncEngine) -> AsyncEngine:
         sync_engine = engine.sync_engine
@@ -60,9 +68,44 @@ class SQLiteOps(DialectOps):
     def read_only(self, conn: AsyncConnection) -> Any:
         return conn.execution_options(ajq_begin="DEFERRED")
 
+    def listener(self, engine: AsyncEngine) -> Listener | None:
+        path = engine.url.database
+        if not path or path == ":memory:" or path.startswith("file::memory:"):
+            return None
+        return _DataVersionWatch(path)
+
     def _is_transient(self, exc: BaseException) -> bool:
         if isinstance(exc, OperationalError):
             name = getattr(exc.orig, "sqlite_errorname", "") or ""
             text = str(exc.orig).lower()
             return name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in text
         return False
+
+
+class _DataVersionWatch(Listener):
+    """SQLite has no NOTIFY, but ``PRAGMA data_version`` changes whenever another connection
+    commits to the file. Reading it takes no lock that a writer waits for and costs a few
+    microseconds, so an idle worker polls it every WATCH_EVERY seconds on a private
+    connection and wakes when something was committed (an enqueue, a finished upstream).
+    Polling by the worker loop stays the backstop."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+
+    async def run(self, on_wake: WakeCallback) -> None:
+        # timeout=0: never wait on a lock from the event loop; a busy file just means "look".
+        conn = sqlite3.connect(self._path, timeout=0, isolation_level=None,
+                               check_same_thread=False)
+        try:
+            last = None
+            while True:
+                try:
+                    version = conn.execute("PRAGMA data_version").fetchone()[0]
+                except sqlite3.OperationalError:
+                    version = None
+                if version is None or (last is not None and version != last):
+                    on_wake("")
+                last = version
+                await asyncio.sleep(WATCH_EVERY)
+        finally:
+            conn.close()
