@@ -23,12 +23,14 @@ from aiojobqueue import JobContext, JobQueue, JobState
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.restart,
     pytest.mark.timeout(300),
     pytest.mark.skipif(os.environ.get("AIOJOBQUEUE_RESTART_TESTS") != "1",
                        reason="restarts the shared servers: set AIOJOBQUEUE_RESTART_TESTS=1"),
 ]
 
 PG_RESTART = ["pg_ctlcluster", "--skip-systemctl-redirect", "15", "main", "restart"]
+PG_START = ["pg_ctlcluster", "--skip-systemctl-redirect", "15", "main", "start"]
 PG_READY = ["pg_isready", "-h", "127.0.0.1", "-p", "5432", "-q"]
 MY_STOP = ["mysqladmin", "-uroot", "shutdown"]
 MY_START = ["start-stop-daemon", "--start", "--oknodo", "--background",
@@ -67,7 +69,7 @@ class Run:
             await asyncio.sleep(0.1)
             return {"i": i, "attempt": ctx.attempt}
 
-        self.q.on("done", lambda c, o: self.fin.append((time.time(), c.id)))
+        self.q.on("done", lambda e: self.fin.append((time.time(), e.job_id)))
 
     async def done(self) -> int:
         J = self.q._t.jobs
@@ -126,7 +128,12 @@ async def test_restart_postgresql_and_mariadb_mid_run(caplog: pytest.LogCaptureF
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await _until_ready(PG_READY)  # leave the servers up whatever happened
+        # leave the servers up whatever happened
+        if await _run(PG_READY) != 0:
+            await _run(PG_START)
+        if await _run(MY_READY) != 0:
+            await _run(MY_START)
+        await _until_ready(PG_READY)
         await _until_ready(MY_READY)
         for r in runs:
             await r.q.close()
