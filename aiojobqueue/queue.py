@@ -233,12 +233,23 @@ class JobQueue:
                 delay = min(delay * 2, 1.0)
         raise AssertionError("unreachable")
 
-    async def _read(self, fn: Callable[[AsyncConnection], Awaitable[T]]) -> T:
-        async with self.engine.connect() as conn:
-            ro = self._ops.read_only(conn)
-            if ro is not None:
-                conn = await ro
-            return await fn(conn)
+    async def _read(self, fn: Callable[[AsyncConnection], Awaitable[T]], retries: int = 3) -> T:
+        """Run a read-only ``fn``; a pooled connection that died (a database restart) or a
+        lock conflict is retried on a fresh one, since reading twice is harmless."""
+        delay = 0.005
+        for attempt in range(retries + 1):
+            try:
+                async with self.engine.connect() as conn:
+                    ro = self._ops.read_only(conn)
+                    if ro is not None:
+                        conn = await ro
+                    return await fn(conn)
+            except Exception as exc:
+                if attempt == retries or not self._ops.is_transient(exc):
+                    raise
+                await asyncio.sleep(delay * (1 + random.random()))
+                delay = min(delay * 2, 1.0)
+        raise AssertionError("unreachable")
 
     async def _ensure_groups(self, conn: AsyncConnection, groups: list[str]) -> None:
         new = [g for g in groups if g not in self._known_groups]

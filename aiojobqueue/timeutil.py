@@ -75,7 +75,7 @@ class utcnow_plus(FunctionElement[datetime]):
 @compiles(utcnow_plus, "postgresql")
 def _pg(element: utcnow_plus, compiler: SQLCompiler, **kw: Any) -> str:
     (arg,) = element.clauses
-    return f"(clock_timestamp() + make_interval(secs => {compiler.process(arg, **kw)}))"
+    return f"(statement_timestamp() + make_interval(secs => {compiler.process(arg, **kw)}))"
 
 
 @compiles(utcnow_plus, "mysql")
