@@ -368,11 +368,16 @@ class Completer:
             )).first()
             if row is None or row.state in S.TERMINAL:
                 continue
+            # One index probe while children are still live (the common case), so a container
+            # of n children costs O(n) over its life, not O(n^2); count only at the end.
+            live = (await conn.execute(
+                select(J.c.id).where(J.c.parent_id == cid, J.c.state.in_(S.LIVE)).limit(1)
+            )).first()
+            if live is not None:
+                continue
             counts: dict[str, int] = dict((await conn.execute(
                 select(J.c.state, func.count()).where(J.c.parent_id == cid).group_by(J.c.state)
             )).all())
-            if any(st not in S.TERMINAL for st in counts):
-                continue
             if counts.get(S.FAILED):
                 state, err = S.FAILED, {"type": "ChildFailed",
                                         "message": f"{counts[S.FAILED]} child job(s) failed"}

@@ -109,7 +109,7 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Index(f"{p}ix_running", "state", "group_key", "lease_expires", **_partial(RUNNING)),
         Index(f"{p}ix_running_owner", "state", "lease_owner", **_partial(RUNNING)),
         Index(f"{p}ix_scheduled", "state", "run_after", **_partial(SCHEDULED)),
-        Index(f"{p}ix_parent", "parent_id"),
+        Index(f"{p}ix_parent", "parent_id", "state"),  # roll-up probes live children
         Index(f"{p}ix_cancelled_by", "cancelled_by"),
         Index(f"{p}ix_finished", "state", "finished_at"),
     )
