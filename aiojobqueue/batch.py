@@ -368,6 +368,14 @@ async def insert_specs(
         kind, k = node(r)
         return by_index[k].ref.id if kind == "n" else k
 
+    # Flag every upstream (under the row locks taken above for existing ones): a finalize
+    # that finds the flag unset knows no edge can be waiting on it (completer.finish_fast).
+    ups = {node(d) for s in fresh for d in s.depends_on}
+    live_ups = sorted(k for kind, k in ups if kind == "e" and existing[k].state not in S.TERMINAL)
+    for i in range(0, len(live_ups), CHUNK):
+        await conn.execute(update(J).where(J.c.id.in_(live_ups[i : i + CHUNK]))
+                           .values(has_dependents=True))
+
     any_ready = any(s.state == S.READY for s in fresh)
     wake = any_ready  # the wake-up rides on the first INSERT where the dialect can (below)
     for d in sorted(levels):
@@ -404,6 +412,7 @@ async def insert_specs(
                     "key": s.key,
                     "live_key": None if dead else s.key,
                     "cancelled_by": s.cancelled_by,
+                    "has_dependents": node(s.ref) in ups,
                     "error": (
                         {"type": "UpstreamFailed", "message": f"upstream {s.cancelled_by} "
                          f"{existing[s.cancelled_by].state}"} if dead and s.cancelled_by else None

@@ -6,11 +6,11 @@ import asyncio
 import random
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 from sqlalchemy.exc import DBAPIError
 
 from .errors import SchemaError
-from .schema import SCHEMA_VERSION
+from .schema import SCHEMA_VERSION, v2_indexes
 
 if TYPE_CHECKING:
     from .queue import JobQueue
@@ -73,6 +73,8 @@ async def _upgrade_once(q: JobQueue) -> int:
         )
     if found == SCHEMA_VERSION:
         return found
+    if 0 < found < 2:
+        await _v1_to_v2(q)
     async with q.engine.begin() as conn:
         await conn.run_sync(q._t.metadata.create_all, checkfirst=True)
     async with q.engine.begin() as conn:
@@ -82,8 +84,37 @@ async def _upgrade_once(q: JobQueue) -> int:
                 if n not in have]
         if rows:
             await q._ops.insert_ignore(conn, M, rows)
-        # future versions: per-version steps go here, before the version is bumped
         await conn.execute(
             update(M).where(M.c.name == "schema_version").values(value=str(SCHEMA_VERSION))
         )
     return found
+
+
+async def _v1_to_v2(q: JobQueue) -> None:
+    """v2: the ``has_dependents`` flag (filled from the edges) and three partial indexes."""
+    J, D = q._t.jobs, q._t.deps
+    async with q.engine.begin() as conn:
+        await q._ops.lock_gate(conn)  # one process migrates; the others wait, then see v2
+
+        def columns(sync_conn: Any) -> set[str]:
+            from sqlalchemy import inspect
+
+            return {c["name"] for c in inspect(sync_conn).get_columns(J.name)}
+
+        if "has_dependents" not in await conn.run_sync(columns):
+            await conn.execute(text(
+                f"ALTER TABLE {J.name} ADD COLUMN has_dependents BOOLEAN NOT NULL DEFAULT false"))
+        await conn.execute(
+            update(J).where(J.c.id.in_(select(D.c.depends_on_id).distinct()))
+            .values(has_dependents=True)
+        )
+        if conn.dialect.name != "mysql":  # MySQL has no partial indexes: nothing changes
+            names = {ix.name for ix in v2_indexes(q.prefix)}
+            redo = sorted((ix for ix in J.indexes if ix.name in names), key=str)
+
+            def recreate(sync_conn: Any) -> None:
+                for ix in redo:
+                    ix.drop(sync_conn, checkfirst=True)
+                    ix.create(sync_conn)
+
+            await conn.run_sync(recreate)

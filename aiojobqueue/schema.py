@@ -35,7 +35,7 @@ from sqlalchemy.dialects import postgresql
 
 from .timeutil import UTCDateTime
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DEFAULT_PREFIX = "ajq_"
 
 WAITING, SCHEDULED, READY, RUNNING, ACTIVE = "waiting", "scheduled", "ready", "running", "active"
@@ -63,8 +63,28 @@ class Tables:
 
 
 def _partial(state: str) -> dict[str, Any]:
-    where = text(f"state = '{state}'")
+    return _where(f"state = '{state}'")
+
+
+def _where(cond: str) -> dict[str, Any]:
+    """A partial index where the dialect has them (MySQL/MariaDB index every row)."""
+    where = text(cond)
     return {"postgresql_where": where, "sqlite_where": where}
+
+
+def v2_indexes(p: str, jobs: Table | None = None) -> list[Index]:
+    """Indexes that v2 made partial: most jobs have no parent and are never cancelled by an
+    upstream, and a live job has no finish time, so these skip the hot rows (every claim and
+    finalize changes ``state``, which rewrites an entry in every index the row is in)."""
+    args: list[Any] = [jobs] if jobs is not None else []
+    return [
+        # roll-up probes a container's live children
+        Index(f"{p}ix_parent", "parent_id", "state", *args, **_where("parent_id IS NOT NULL")),
+        Index(f"{p}ix_cancelled_by", "cancelled_by", *args,
+              **_where("cancelled_by IS NOT NULL")),
+        Index(f"{p}ix_finished", "state", "finished_at", *args,
+              **_where("finished_at IS NOT NULL")),
+    ]
 
 
 def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None) -> Tables:
@@ -103,15 +123,16 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("created_at", UTCDateTime, nullable=False),
         Column("started_at", UTCDateTime),
         Column("finished_at", UTCDateTime),
+        # Set (never cleared) when a dependency edge to this job is added, under its row lock:
+        # a finalize that sees it unset needs no dependents look-up (see completer.finish_fast).
+        Column("has_dependents", Boolean, nullable=False, server_default=false()),
         # `state` leads every state index so MySQL/MariaDB (no partial indexes) can use them too.
         Index(f"{p}ix_ready", "state", "group_key", text("priority DESC"), "id", **_partial(READY)),
         Index(f"{p}ix_ready_weight", "state", "group_key", "weight", **_partial(READY)),
         Index(f"{p}ix_running", "state", "group_key", "lease_expires", **_partial(RUNNING)),
         Index(f"{p}ix_running_owner", "state", "lease_owner", **_partial(RUNNING)),
         Index(f"{p}ix_scheduled", "state", "run_after", **_partial(SCHEDULED)),
-        Index(f"{p}ix_parent", "parent_id", "state"),  # roll-up probes live children
-        Index(f"{p}ix_cancelled_by", "cancelled_by"),
-        Index(f"{p}ix_finished", "state", "finished_at"),
+        *v2_indexes(p),
     )
     deps = Table(
         f"{p}deps",
