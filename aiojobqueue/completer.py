@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import and_, bindparam, case, func, literal_column, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -199,15 +199,21 @@ class Completer:
             done = [i for i, st in work if st == S.DONE and not (leaves and i in leaves)]
             bad = {i: i for i, st in work if st != S.DONE}
             newly: list[tuple[int, str]] = []
+            # Containers with a live child job that this transaction holds locked: none of
+            # their children can be the last to finish before we commit, so their roll-up
+            # (a lock and a probe) is skipped; whoever finishes that child rolls up.
+            busy: set[int] = set()
             if done:
-                newly += await self._release_dependents(conn, done)
+                more, busy = await self._release_dependents(conn, done)
+                newly += more
             if bad:
                 cancelled = await self._cancel_downstream(conn, bad)
                 work = work + [(i, S.CANCELLED) for i in cancelled]
+                busy.clear()  # a witness may have been cancelled just now
             known = parents or {}
             ups = await self._parents_of(conn, [i for i, _ in work if i not in known])
             ups = sorted({*ups, *(p for i, _ in work if (p := known.get(i)) is not None)})
-            newly += await self.rollup(conn, ups)
+            newly += await self.rollup(conn, [c for c in ups if c not in busy])
             work = newly
             parents = leaves = None
 
@@ -222,22 +228,75 @@ class Completer:
             out.update(r[0] for r in rows)
         return sorted(out)
 
+    def _stmt(self, name: str, build: Callable[[], Any]) -> Any:
+        """A statement built once per queue (construction and cache-key cost add up per round)."""
+        stmt = self.q._stmts.get(name)
+        if stmt is None:
+            stmt = self.q._stmts[name] = build()
+        return stmt
+
+    def _unblock(self, pending: Any) -> dict[str, Any]:
+        """SET clauses: ``pending`` becomes the new count, and a row left with nothing to wait
+        for is released (a job: ready or scheduled, a container: active). Both expressions read
+        the row as it was (standard SQL; the single-statement path runs only where that holds)."""
+        J = self.J
+        return {
+            "pending": pending,
+            "state": case(
+                (pending > 0, lit(S.WAITING)),
+                (J.c.kind == lit(S.CONTAINER), lit(S.ACTIVE)),
+                (J.c.run_after <= db_now(), lit(S.READY)),
+                else_=lit(S.SCHEDULED),
+            ),
+        }
+
+    def _drop_deps_stmt(self) -> Any:
+        """One statement: count the edges from the finished ids (read now, after their rows
+        were locked and updated), take that many off each waiting dependent, release those
+        left with none; RETURNING every row it changed (all now locked by us)."""
+        J, D = self.J, self.D
+        # MATERIALIZED: the edge look-up stays an index scan on depends_on_id; grouped in
+        # line, PostgreSQL's generic plan may walk the whole deps key when it is skewed.
+        e = (select(D.c.job_id).where(self.q._ops.in_ids_param(D.c.depends_on_id, "ids"))
+             .cte("e").prefix_with("MATERIALIZED"))
+        c = select(e.c.job_id, func.count().label("n")).group_by(e.c.job_id).cte("c")
+        return (update(J).where(J.c.id == c.c.job_id, J.c.state == lit(S.WAITING))
+                .values(**self._unblock(J.c.pending - c.c.n))
+                .returning(J.c.id, J.c.kind, J.c.state, J.c.parent_id))
+
+    def _drop_kids_stmt(self) -> Any:
+        """One statement: the waiting children of containers that just became active stop
+        waiting on them; RETURNING every row it changed."""
+        J = self.J
+        return (update(J).where(self.q._ops.in_ids_param(J.c.parent_id, "ids"),
+                                J.c.state == lit(S.WAITING))
+                .values(**self._unblock(J.c.pending - 1))
+                .returning(J.c.id, J.c.kind, J.c.state, J.c.parent_id))
+
     async def _release_dependents(
         self, conn: AsyncConnection, done: Sequence[int]
-    ) -> list[tuple[int, str]]:
+    ) -> tuple[list[tuple[int, str]], set[int]]:
+        """Unblock what waits on the ``done`` ids. Returns the containers that finished by
+        it and the containers that hold a live child job this transaction has locked."""
+        if self.q._ops.update_returning:
+            stmt = self._stmt("settle.drop_deps", self._drop_deps_stmt)
+            rows: list[Any] = []
+            for i in range(0, len(done), CHUNK):
+                rows += (await conn.execute(stmt, {"ids": done[i : i + CHUNK]})).all()
+            return await self._released(conn, rows)
         J, D = self.J, self.D
         counts: dict[int, int] = defaultdict(int)
         for i in range(0, len(done), CHUNK):
             # No GROUP BY: counted here. Grouped, PostgreSQL's generic plan walks the whole
             # deps primary key when the table is skewed (many jobs waiting on one upstream).
-            rows = await conn.execute(
+            edges = await conn.execute(
                 select(D.c.job_id)
                 .where(self.q._ops.in_ids(D.c.depends_on_id, done[i : i + CHUNK]))
             )
-            for (jid,) in rows:
+            for (jid,) in edges:
                 counts[jid] += 1
         if not counts:
-            return []
+            return [], set()
         by_n: dict[int, list[int]] = defaultdict(list)
         for jid, n in counts.items():
             by_n[n].append(jid)
@@ -248,53 +307,78 @@ class Completer:
                     update(J).where(J.c.id.in_(ids[i : i + CHUNK]), J.c.state == lit(S.WAITING))
                     .values(pending=J.c.pending - n)
                 )
-        return await self.release(conn, sorted(counts))
+        return await self._released(conn, await self._release_locked(conn, sorted(counts)))
 
-    async def release(self, conn: AsyncConnection, ids: Sequence[int]) -> list[tuple[int, str]]:
-        """Jobs among ``ids`` that wait on nothing any more become runnable (containers:
-        active, and their children are released in turn). Returns containers finished by it."""
+    async def _release_locked(self, conn: AsyncConnection, ids: Sequence[int]) -> list[Any]:
+        """Portable path: lock the waiting rows among ``ids`` and release those that wait on
+        nothing. Returns (id, kind, state, parent_id) of the locked rows, as now."""
+        J = self.J
+        rows: list[Any] = []
+        for i in range(0, len(ids), CHUNK):
+            rows += (await conn.execute(self.q._ops.for_update(
+                select(J.c.id, J.c.kind, J.c.pending, J.c.parent_id)
+                .where(J.c.id.in_(ids[i : i + CHUNK]), J.c.state == lit(S.WAITING))
+                .order_by(J.c.id)
+            ))).all()
+        free = [r.id for r in rows if r.pending <= 0]
+        for i in range(0, len(free), CHUNK):
+            await conn.execute(
+                update(J).where(J.c.id.in_(free[i : i + CHUNK]), J.c.state == lit(S.WAITING))
+                .values(**self._unblock(J.c.pending))
+            )
+        # READY stands for "ready or scheduled" here: it only decides the wake-up.
+        return [_Row(r.id, r.kind, S.WAITING if r.pending > 0 else
+                     S.ACTIVE if r.kind == S.CONTAINER else S.READY, r.parent_id) for r in rows]
+
+    async def _released(
+        self, conn: AsyncConnection, rows: list[Any]
+    ) -> tuple[list[tuple[int, str]], set[int]]:
+        """Follow up rows just unblocked (``rows``: id, kind, state, parent_id, all locked by
+        this transaction): containers that became active release their children in turn, and
+        the empty ones finish. Returns (containers finished, containers with a live child job
+        that we hold locked)."""
         J = self.J
         finished: list[tuple[int, str]] = []
-        now = db_now()
-        todo = list(ids)
+        busy: set[int] = set()
         any_ready = False
-        while todo:
-            leaves: list[int] = []
+        while rows:
             boxes: list[int] = []
-            for i in range(0, len(todo), CHUNK):
-                rows = await conn.execute(
-                    select(J.c.id, J.c.kind).where(
-                        J.c.id.in_(todo[i : i + CHUNK]), J.c.state == lit(S.WAITING),
-                        J.c.pending <= 0,
-                    )
-                )
-                for r in rows:
-                    (boxes if r.kind == S.CONTAINER else leaves).append(r.id)
-            for i in range(0, len(leaves), CHUNK):
-                any_ready = True
-                await conn.execute(
-                    update(J).where(J.c.id.in_(leaves[i : i + CHUNK]), J.c.state == lit(S.WAITING))
-                    .values(state=case((J.c.run_after <= now, S.READY), else_=S.SCHEDULED))
-                )
-            todo = []
-            if boxes:
-                boxes.sort()
-                await conn.execute(
-                    update(J).where(J.c.id.in_(boxes), J.c.state == lit(S.WAITING))
-                    .values(state=S.ACTIVE)
-                )
+            for r in rows:
+                if r.kind == S.CONTAINER:
+                    if r.state == S.ACTIVE:
+                        boxes.append(r.id)
+                else:
+                    any_ready = any_ready or r.state == S.READY
+                    if r.parent_id is not None:
+                        busy.add(r.parent_id)  # a live job row we hold: a safe witness
+            rows = []
+            if not boxes:
+                break
+            boxes.sort()
+            if self.q._ops.update_returning:
+                stmt = self._stmt("settle.drop_kids", self._drop_kids_stmt)
+                for i in range(0, len(boxes), CHUNK):
+                    rows += (await conn.execute(stmt, {"ids": boxes[i : i + CHUNK]})).all()
+            else:
                 await conn.execute(
                     update(J).where(J.c.parent_id.in_(boxes), J.c.state == lit(S.WAITING))
                     .values(pending=J.c.pending - 1)
                 )
-                rows = await conn.execute(
-                    select(J.c.id).where(J.c.parent_id.in_(boxes), J.c.state == lit(S.WAITING),
-                                         J.c.pending <= 0)
+                kids = await conn.execute(
+                    select(J.c.id).where(J.c.parent_id.in_(boxes), J.c.state == lit(S.WAITING))
                 )
-                todo = [r[0] for r in rows]
-                finished += await self.rollup(conn, boxes)  # empty ones finish now
+                rows = await self._release_locked(conn, sorted(r[0] for r in kids))
+            # the empty ones finish now; a box with a child job released above is not empty
+            kid_jobs = {r.parent_id for r in rows if r.kind != S.CONTAINER}
+            finished += await self.rollup(conn, [b for b in boxes if b not in kid_jobs])
         if any_ready:
             await self.q._ops.notify(conn)
+        return finished, busy
+
+    async def release(self, conn: AsyncConnection, ids: Sequence[int]) -> list[tuple[int, str]]:
+        """Jobs among ``ids`` that wait on nothing any more become runnable (containers:
+        active, and their children are released in turn). Returns containers finished by it."""
+        finished, _ = await self._released(conn, await self._release_locked(conn, sorted(ids)))
         return finished
 
     async def _cancel_downstream(self, conn: AsyncConnection, roots: dict[int, int]) -> list[int]:
@@ -530,6 +614,13 @@ def _cancel_error(cause: int | None, cause_state: str | None = None) -> dict[str
         return {"type": "Cancelled", "message": "cancelled by request"}
     verb = "cancelled" if cause_state == S.CANCELLED else "failed"
     return {"type": "UpstreamFailed", "message": f"upstream {cause} {verb}"}
+
+
+class _Row(NamedTuple):
+    id: int
+    kind: str
+    state: str
+    parent_id: int | None
 
 
 def and_all(*c: Any) -> Any:
