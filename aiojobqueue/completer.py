@@ -260,7 +260,8 @@ class Completer:
         e = (select(D.c.job_id).where(self.q._ops.in_ids_param(D.c.depends_on_id, "ids"))
              .cte("e").prefix_with("MATERIALIZED"))
         c = select(e.c.job_id, func.count().label("n")).group_by(e.c.job_id).cte("c")
-        return (update(J).where(J.c.id == c.c.job_id, J.c.state == lit(S.WAITING))
+        return (update(J).where(self.q._ops.in_select(J.c.id, select(e.c.job_id)),
+                                J.c.id == c.c.job_id, J.c.state == lit(S.WAITING))
                 .values(**self._unblock(J.c.pending - c.c.n))
                 .returning(J.c.id, J.c.kind, J.c.state, J.c.parent_id))
 

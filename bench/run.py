@@ -47,6 +47,9 @@ import peer_aiojobqueue as A  # noqa: E402
 from common import ADMIN_DSN, Recorder, fresh_db, pct  # noqa: E402
 
 ROWS: list[tuple[str, str, str, str]] = []  # (scenario, what, value, note)
+# The scratch database (dropped and re-created per phase): give concurrent runs on one
+# server their own, e.g. AJQ_BENCH_DB=bench_ajq_dag (two runs on one name break each other).
+DB = os.environ.get("AJQ_BENCH_DB", "bench_ajq")
 
 
 def row(scenario: str, what: str, value: str, note: str = "") -> None:
@@ -87,7 +90,7 @@ async def sc_enqueue(args: argparse.Namespace) -> None:
     import peer_pgqueuer as P
 
     n_batch, n_single = 10_000, 1_000
-    dsn = await fresh_db("bench_ajq")
+    dsn = await fresh_db(DB)
     await A._install(dsn)
     async with A._queue(dsn) as q:
         t0 = time.perf_counter()
@@ -124,7 +127,7 @@ async def sc_enqueue(args: argparse.Namespace) -> None:
 
 
 async def flat(conc: int, n: int) -> tuple[float, str]:
-    dsn = await fresh_db("bench_ajq")
+    dsn = await fresh_db(DB)
     await A._install(dsn)
     await A._enqueue_batch(dsn, n, 1000)
     span, v = await drain_aiojobqueue(dsn, conc)
@@ -171,7 +174,7 @@ async def sc_dag(args: argparse.Namespace, flat_rates: dict[int, float]) -> None
     for conc in (10, 50):
         if conc not in flat_rates:
             flat_rates[conc] = (await flat(conc, args.n))[0]
-        dsn = await fresh_db("bench_ajq")
+        dsn = await fresh_db(DB)
         await A._install(dsn)
         async with A._queue(dsn) as q:
             n = await build_dag(q, args.n, args.layers)
@@ -225,7 +228,7 @@ async def sc_large(args: argparse.Namespace, flat_rates: dict[int, float]) -> No
 
     conc = 50
     base = flat_rates.get(conc) or (await flat(conc, args.n))[0]
-    dsn = await fresh_db("bench_ajq")
+    dsn = await fresh_db(DB)
     await A._install(dsn)
     conn = await asyncpg.connect(dsn)
     try:

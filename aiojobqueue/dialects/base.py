@@ -63,6 +63,11 @@ class DialectOps(ABC):
         reused (no per-call construction, one compiled form)."""
         return col.in_(bindparam(name, expanding=True))
 
+    def in_select(self, col: Any, sel: Select[Any]) -> Any:
+        """``col IN (SELECT ...)`` for a key column, written so the planner probes ``col``'s
+        index with the sub-select's (few) values instead of scanning the table."""
+        return col.in_(sel)
+
     @abstractmethod
     def skip_locked(self, stmt: Select[Any]) -> Select[Any]:
         """Make a candidate SELECT lock what it returns and skip rows others hold."""

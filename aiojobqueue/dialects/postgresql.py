@@ -36,6 +36,12 @@ class PostgresOps(DialectOps):
     def in_ids_param(self, col: Any, name: str) -> Any:
         return col == any_(bindparam(name, type_=ARRAY(BigInteger)))
 
+    def in_select(self, col: Any, sel: Select[Any]) -> Any:
+        # "= ANY(ARRAY(sub-select))": an InitPlan feeding an index scan. A plain IN becomes a
+        # semi-join, and the generic plan guesses the sub-select large: hash join over a
+        # sequential scan of the whole jobs table.
+        return col == any_(func.array(sel.scalar_subquery()))
+
     def skip_locked(self, stmt: Select[Any]) -> Select[Any]:
         return stmt.with_for_update(skip_locked=True)
 
