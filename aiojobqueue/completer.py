@@ -198,7 +198,7 @@ class Completer:
         while work:
             done = [i for i, st in work if st == S.DONE and not (leaves and i in leaves)]
             bad = {i: i for i, st in work if st != S.DONE}
-            newly: list[tuple[int, str]] = []
+            newly: list[tuple[int, str, int | None]] = []  # containers finished, parent
             # Containers with a live child job that this transaction holds locked: none of
             # their children can be the last to finish before we commit, so their roll-up
             # (a lock and a probe) is skipped; whoever finishes that child rolls up.
@@ -213,9 +213,9 @@ class Completer:
             known = parents or {}
             ups = await self._parents_of(conn, [i for i, _ in work if i not in known])
             ups = sorted({*ups, *(p for i, _ in work if (p := known.get(i)) is not None)})
-            newly += await self.rollup(conn, [c for c in ups if c not in busy])
-            work = newly
-            parents = leaves = None
+            newly += await self._rollup(conn, [c for c in ups if c not in busy])
+            work = [(i, st) for i, st, _ in newly]
+            parents, leaves = {i: p for i, _, p in newly}, None
 
     async def _parents_of(self, conn: AsyncConnection, ids: Sequence[int]) -> list[int]:
         J = self.J
@@ -250,6 +250,17 @@ class Completer:
             ),
         }
 
+    def _unblocked(self) -> list[Any]:
+        """RETURNING of the unblocking statements; where the dialect can, a row that became
+        ready sends the wake-up from inside the statement (no extra round trip; PostgreSQL
+        collapses the repeats of one transaction into one notification)."""
+        J = self.J
+        cols: list[Any] = [J.c.id, J.c.kind, J.c.state, J.c.parent_id]
+        wake = self.q._ops.notify_expr()
+        if wake is not None:
+            cols.append(case((J.c.state == lit(S.READY), wake)).label("wake"))
+        return cols
+
     def _drop_deps_stmt(self) -> Any:
         """One statement: count the edges from the finished ids (read now, after their rows
         were locked and updated), take that many off each waiting dependent, release those
@@ -263,7 +274,7 @@ class Completer:
         return (update(J).where(self.q._ops.in_select(J.c.id, select(e.c.job_id)),
                                 J.c.id == c.c.job_id, J.c.state == lit(S.WAITING))
                 .values(**self._unblock(J.c.pending - c.c.n))
-                .returning(J.c.id, J.c.kind, J.c.state, J.c.parent_id))
+                .returning(*self._unblocked()))
 
     def _drop_kids_stmt(self) -> Any:
         """One statement: the waiting children of containers that just became active stop
@@ -272,13 +283,14 @@ class Completer:
         return (update(J).where(self.q._ops.in_ids_param(J.c.parent_id, "ids"),
                                 J.c.state == lit(S.WAITING))
                 .values(**self._unblock(J.c.pending - 1))
-                .returning(J.c.id, J.c.kind, J.c.state, J.c.parent_id))
+                .returning(*self._unblocked()))
 
     async def _release_dependents(
         self, conn: AsyncConnection, done: Sequence[int]
-    ) -> tuple[list[tuple[int, str]], set[int]]:
+    ) -> tuple[list[tuple[int, str, int | None]], set[int]]:
         """Unblock what waits on the ``done`` ids. Returns the containers that finished by
-        it and the containers that hold a live child job this transaction has locked."""
+        it (with their parent) and the containers that hold a live child job this
+        transaction has locked."""
         if self.q._ops.update_returning:
             stmt = self._stmt("settle.drop_deps", self._drop_deps_stmt)
             rows: list[Any] = []
@@ -327,19 +339,21 @@ class Completer:
                 update(J).where(J.c.id.in_(free[i : i + CHUNK]), J.c.state == lit(S.WAITING))
                 .values(**self._unblock(J.c.pending))
             )
-        # READY stands for "ready or scheduled" here: it only decides the wake-up.
+        if any(r.pending <= 0 and r.kind != S.CONTAINER for r in rows):
+            await self.q._ops.notify(conn)
+        # READY stands for "ready or scheduled" here (the rows are only told apart as live).
         return [_Row(r.id, r.kind, S.WAITING if r.pending > 0 else
                      S.ACTIVE if r.kind == S.CONTAINER else S.READY, r.parent_id) for r in rows]
 
     async def _released(
         self, conn: AsyncConnection, rows: list[Any]
-    ) -> tuple[list[tuple[int, str]], set[int]]:
+    ) -> tuple[list[tuple[int, str, int | None]], set[int]]:
         """Follow up rows just unblocked (``rows``: id, kind, state, parent_id, all locked by
         this transaction): containers that became active release their children in turn, and
         the empty ones finish. Returns (containers finished, containers with a live child job
         that we hold locked)."""
         J = self.J
-        finished: list[tuple[int, str]] = []
+        finished: list[tuple[int, str, int | None]] = []
         busy: set[int] = set()
         any_ready = False
         while rows:
@@ -371,8 +385,8 @@ class Completer:
                 rows = await self._release_locked(conn, sorted(r[0] for r in kids))
             # the empty ones finish now; a box with a child job released above is not empty
             kid_jobs = {r.parent_id for r in rows if r.kind != S.CONTAINER}
-            finished += await self.rollup(conn, [b for b in boxes if b not in kid_jobs])
-        if any_ready:
+            finished += await self._rollup(conn, [b for b in boxes if b not in kid_jobs])
+        if any_ready and self.q._ops.notify_expr() is None:
             await self.q._ops.notify(conn)
         return finished, busy
 
@@ -380,7 +394,7 @@ class Completer:
         """Jobs among ``ids`` that wait on nothing any more become runnable (containers:
         active, and their children are released in turn). Returns containers finished by it."""
         finished, _ = await self._released(conn, await self._release_locked(conn, sorted(ids)))
-        return finished
+        return [(i, st) for i, st, _ in finished]
 
     async def _cancel_downstream(self, conn: AsyncConnection, roots: dict[int, int]) -> list[int]:
         """Cancel everything that waits on ``roots`` (id -> root cause). Running jobs get a
@@ -443,26 +457,47 @@ class Completer:
     async def rollup(
         self, conn: AsyncConnection, containers: Sequence[int]
     ) -> list[tuple[int, str]]:
-        """Finish each container whose children are all terminal. The container row is
+        """Finish each container whose children are all terminal. The container rows are
         locked first, so two last children finishing at once cannot both miss the roll-up."""
+        return [(cid, st) for cid, st, _ in await self._rollup(conn, containers)]
+
+    async def _rollup(
+        self, conn: AsyncConnection, containers: Sequence[int]
+    ) -> list[tuple[int, str, int | None]]:
+        """``rollup()``, with each finished container's parent id (read with its lock, so
+        settle() needs no look-up for it)."""
         J = self.J
-        out: list[tuple[int, str]] = []
-        for cid in sorted(containers):
-            row = (await conn.execute(
-                self.q._ops.for_update(select(J.c.state).where(J.c.id == cid))
-            )).first()
-            if row is None or row.state in S.TERMINAL:
+        if not containers:
+            return []
+        lock = self._stmt("rollup.lock", lambda: self.q._ops.for_update(
+            select(J.c.id, J.c.state, J.c.parent_id)
+            .where(self.q._ops.in_ids_param(J.c.id, "ids")).order_by(J.c.id)))
+        ids = sorted(set(containers))
+        open_: list[Any] = []
+        for i in range(0, len(ids), CHUNK):
+            rows = await conn.execute(lock, {"ids": ids[i : i + CHUNK]})
+            open_ += [r for r in rows if r.state not in S.TERMINAL]
+        # Read after the locks are held: a child finished by a transaction that held the lock
+        # before us is seen. One statement per container: while a child is live (the common
+        # case) it is one index probe and nothing is counted (the counts' uncorrelated NOT
+        # EXISTS is a one-time filter), so n children cost O(n) over the container's life.
+        def census() -> Any:
+            live = select(J.c.id).where(J.c.parent_id == bindparam("c"),
+                                        J.c.state.in_([lit(x) for x in S.LIVE]))
+
+            def n(state: str) -> Any:
+                return (select(func.count()).where(J.c.parent_id == bindparam("c"),
+                                                   J.c.state == lit(state), ~live.exists())
+                        .scalar_subquery())
+            return select(live.exists().label("live"), n(S.FAILED).label("failed"),
+                          n(S.CANCELLED).label("cancelled"))
+        counter = self._stmt("rollup.census", census)
+        out: list[tuple[int, str, int | None]] = []
+        for r in open_:
+            c = (await conn.execute(counter, {"c": r.id})).one()
+            if c.live:
                 continue
-            # One index probe while children are still live (the common case), so a container
-            # of n children costs O(n) over its life, not O(n^2); count only at the end.
-            live = (await conn.execute(
-                select(J.c.id).where(J.c.parent_id == cid, J.c.state.in_(S.LIVE)).limit(1)
-            )).first()
-            if live is not None:
-                continue
-            counts: dict[str, int] = dict((await conn.execute(
-                select(J.c.state, func.count()).where(J.c.parent_id == cid).group_by(J.c.state)
-            )).all())
+            counts = {S.FAILED: c.failed, S.CANCELLED: c.cancelled}
             if counts.get(S.FAILED):
                 state, err = S.FAILED, {"type": "ChildFailed",
                                         "message": f"{counts[S.FAILED]} child job(s) failed"}
@@ -473,11 +508,11 @@ class Completer:
             else:
                 state, err = S.DONE, None
             await conn.execute(
-                update(J).where(J.c.id == cid, J.c.state.in_(S.LIVE)).values(
+                update(J).where(J.c.id == r.id, J.c.state.in_(S.LIVE)).values(
                     state=state, error=err, finished_at=db_now(), live_key=None
                 )
             )
-            out.append((cid, state))
+            out.append((r.id, state, r.parent_id))
         return out
 
     # -- operator actions -----------------------------------------------------------------
