@@ -35,6 +35,9 @@ class Claimed:
     timeout: float | None
     checkpoint: Any
     parent_id: int | None
+    #: An edge pointed at this job when it was leased (the flag is never cleared): its
+    #: finalize must release dependents, so it skips the one-statement path.
+    has_dependents: bool = False
 
 
 #: At most one promotion sweep per this many seconds per worker (capped by poll_interval):
@@ -148,7 +151,7 @@ async def claim(
         "cancel_requested": False,
     }
     cols = (J.c.id, J.c.type, J.c.args, J.c.attempts, J.c.group_key, J.c.timeout,
-            J.c.checkpoint, J.c.parent_id, J.c.priority)
+            J.c.checkpoint, J.c.parent_id, J.c.priority, J.c.has_dependents)
     returning = q._ops.update_returning
     ids: list[int] = []
     out: list[Any] = []
@@ -219,4 +222,4 @@ async def claim(
     # better ones claimed with it.
     out.sort(key=lambda r: (-r.priority, r.id))
     return [Claimed(r.id, r.type, r.args, r.attempts, r.group_key, r.timeout, r.checkpoint,
-                    r.parent_id) for r in out]
+                    r.parent_id, bool(r.has_dependents)) for r in out]

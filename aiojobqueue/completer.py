@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from sqlalchemy import and_, bindparam, case, func, literal_column, select, update
+from sqlalchemy import and_, bindparam, case, false, func, literal_column, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as S
@@ -66,6 +66,42 @@ class Completer:
         """
         took = {(o.job_id, o.attempt) for o in await self.finish_detailed(conn, outcomes)}
         return [o for o in outcomes if (o.job_id, o.attempt) in took]
+
+    async def finish_fast(
+        self, conn: AsyncConnection, outcomes: Sequence[Outcome]
+    ) -> set[tuple[int, int]]:
+        """Finish ``done`` outcomes of jobs that no edge waits on and no container holds with
+        one fenced UPDATE ... RETURNING per attempt number (usually one): nothing else changes
+        when such a job ends, so this statement alone is the whole finalize and may run in
+        autocommit. Returns the (id, attempt) pairs it finished; the caller sends the rest
+        (fenced out here, or given an edge meanwhile) through finish_detailed().
+
+        Safe against an edge added concurrently: batch.insert_specs sets ``has_dependents``
+        under the upstream's row lock, and an UPDATE that waited for that lock re-checks its
+        WHERE on the new row version (READ COMMITTED), so it then skips the row."""
+        J = self.J
+        stmt = self.q._stmts.get("finish.fast")
+        if stmt is None:
+            stmt = self.q._stmts["finish.fast"] = (
+                update(J)
+                .where(self.q._ops.in_ids_param(J.c.id, "ids"), J.c.state == lit(S.RUNNING),
+                       J.c.attempts == bindparam("a"), J.c.lease_owner == bindparam("o"),
+                       J.c.has_dependents == false(), J.c.parent_id.is_(None))
+                .values(state=S.DONE, result=None, error=None, finished_at=db_now(),
+                        live_key=None, lease_owner=None, lease_expires=None)
+                .returning(J.c.id)
+            )
+        by: dict[tuple[int, str], list[int]] = defaultdict(list)
+        for o in outcomes:
+            assert o.kind == "done" and o.result is None
+            by[(o.attempt, o.owner)].append(o.job_id)
+        out: set[tuple[int, int]] = set()
+        for (a, owner), ids in sorted(by.items()):
+            ids.sort()
+            for i in range(0, len(ids), CHUNK):
+                rows = await conn.execute(stmt, {"ids": ids[i : i + CHUNK], "a": a, "o": owner})
+                out.update((r[0], a) for r in rows)
+        return out
 
     async def finish_detailed(
         self, conn: AsyncConnection, outcomes: Sequence[Outcome]

@@ -233,6 +233,14 @@ class JobQueue:
                 delay = min(delay * 2, 1.0)
         raise AssertionError("unreachable")
 
+    async def _autocommit(self, fn: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        """Run ``fn`` on a connection in autocommit: each statement commits by itself, so
+        ``fn`` must only issue statements that are atomic on their own. Not retried: the
+        caller decides (a lost answer may hide a commit)."""
+        async with self.engine.connect() as conn:
+            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+            return await fn(conn)
+
     async def _read(self, fn: Callable[[AsyncConnection], Awaitable[T]], retries: int = 3) -> T:
         """Run a read-only ``fn``; a pooled connection that died (a database restart) or a
         lock conflict is retried on a fresh one, since reading twice is harmless."""

@@ -295,48 +295,63 @@ class Worker:
     async def _flush(
         self, want: int = 0, types: list[str] | None = None, quick: bool = False
     ) -> tuple[bool, list[Claimed]]:
-        """Write the queued outcomes once (one transaction, retries=0: a retry inside _write
-        would hide a commit whose answer was lost), then lease up to ``want`` jobs of
-        ``types`` in a second one: the pump's round. Not one transaction for both: a round
-        whose commit answer is lost would strand the leases it took until they are released
-        as orphans, bumping those jobs' attempt numbers. (False, got) if a write failed: the
-        outcomes stay queued."""
+        """One round of the pump: write the queued outcomes (one fenced finalize; retries=0:
+        a retry inside _write would hide a commit whose answer was lost) and, at the same time
+        on another connection, lease up to ``want`` jobs of ``types`` (the slots the outcomes
+        freed were counted when their handlers returned). Not one transaction for both: a
+        round whose commit answer is lost would strand the leases it took until they are
+        released as orphans, bumping those jobs' attempt numbers. (False, got) if a write
+        failed: the outcomes stay queued."""
+        claiming = (asyncio.ensure_future(self._claim_round(want, types or [], quick))
+                    if want else None)
+        try:
+            async with self.flush_lock:
+                n = 1 if self.one_by_one else len(self.outbox)
+                batch, self.outbox = self.outbox[:n], self.outbox[n:]
+                wrote = not batch or await self._write_outcomes(batch)
+        except asyncio.CancelledError:
+            if claiming is not None:  # its leases reach the buffer, for _drain to release
+                with contextlib.suppress(Exception):
+                    await claiming
+            raise
+        got = await claiming if claiming is not None else []
+        return wrote and got is not None, got or []
+
+    async def _claim_round(self, want: int, types: list[str], quick: bool) -> list[Claimed] | None:
+        """Lease up to ``want`` jobs into the buffer; None if the claim failed (back off).
+        In autocommit where the claim is one statement per group (no gate, no counted
+        limit): the pick-and-lease UPDATE is atomic by itself."""
         q = self.q
-        async with self.flush_lock:
-            n = 1 if self.one_by_one else len(self.outbox)
-            batch, self.outbox = self.outbox[:n], self.outbox[n:]
-            if batch and not await self._write_outcomes(batch):
-                return False, []
-        if want:
-            t0 = time.monotonic()
-            self.claiming = True
-            # Shielded: a shutdown that lands mid-claim lets it finish, so its leases are
-            # not lost (_drain releases what it claimed and did not start).
-            write = asyncio.ensure_future(q._write(
-                partial(_claim, q, want=want, types=types or [], quick=quick)))
+        t0 = time.monotonic()
+        self.claiming = True
+        run = (q._autocommit if q._ops.autocommit_writes and not q._needs_gate
+               and not q._db_limits else q._write)
+        # Shielded: a shutdown that lands mid-claim lets it finish, so its leases are not
+        # lost (_drain releases what it claimed and did not start).
+        write = asyncio.ensure_future(run(partial(_claim, q, want=want, types=types,
+                                                  quick=quick)))
+        try:
             try:
-                try:
-                    got = await asyncio.shield(write)
-                except asyncio.CancelledError:
-                    with contextlib.suppress(Exception):
-                        self.buffer.extend((c, t0) for c in await write)
-                    raise
-                finally:
-                    self.claiming = False
+                got = await asyncio.shield(write)
             except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    self.buffer.extend((c, t0) for c in await write)
                 raise
-            except Exception as exc:
-                if not self._retryable(exc):
-                    raise
-                log.warning("claim failed (%s); backing off", exc, extra={"worker": q.worker_id})
-                return False, []
-            self.buffer.extend((c, t0) for c in got)
-            return True, got
-        return True, []
+            finally:
+                self.claiming = False
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if not self._retryable(exc):
+                raise
+            log.warning("claim failed (%s); backing off", exc, extra={"worker": q.worker_id})
+            return None
+        self.buffer.extend((c, t0) for c in got)
+        return got
 
     async def _write_outcomes(self, batch: list[Outcome]) -> bool:
         q = self.q
-        write = asyncio.ensure_future(q._write(partial(_finish, q, outcomes=batch), retries=0))
+        write = asyncio.ensure_future(self._finalize(batch))
         try:
             try:
                 applied = await asyncio.shield(write)
@@ -362,6 +377,45 @@ class Worker:
             return False
         await self._flushed(batch, applied)
         return True
+
+    async def _finalize(self, batch: list[Outcome]) -> list[Outcome]:
+        """Write ``batch``; returns the outcomes that took effect. Successes of jobs that no
+        edge waits on and no container holds go in one statement (completer.finish_fast: in
+        autocommit where the dialect allows, one round trip); the rest, and any of those the
+        statement skipped, are fenced and settled in one transaction. Not retried (see
+        _flush); a failure leaves the whole batch to be written again, and outcomes that did
+        commit are then recognised by _committed_before."""
+        q = self.q
+        fast = [o for o in batch if self._plain(o)] if q._ops.update_returning else []
+        if not fast:
+            return await q._write(partial(_finish, q, outcomes=batch), retries=0)
+
+        def split(took: set[tuple[int, int]]) -> tuple[list[Outcome], list[Outcome]]:
+            done = [o for o in fast if (o.job_id, o.attempt) in took]
+            keys = {(o.job_id, o.attempt) for o in done}
+            return done, [o for o in batch if (o.job_id, o.attempt) not in keys]
+
+        if q._ops.autocommit_writes:
+            applied, rest = split(await q._autocommit(
+                partial(q._completer.finish_fast, outcomes=fast)))
+            if rest:
+                applied += await q._write(partial(_finish, q, outcomes=rest), retries=0)
+            return applied
+
+        async def together(conn: Any) -> list[Outcome]:
+            applied, rest = split(await q._completer.finish_fast(conn, fast))
+            return applied + (await q._completer.finish_detailed(conn, rest) if rest else [])
+
+        return await q._write(together, retries=0)
+
+    def _plain(self, o: Outcome) -> bool:
+        """A success without a result, of a job that had no parent and no dependents when
+        leased (finish_fast re-checks both under the row lock)."""
+        if o.kind != "done" or o.result is not None:
+            return False
+        r = self.running.get(o.job_id)
+        return (r is not None and r.claimed.attempt == o.attempt
+                and r.claimed.parent_id is None and not r.claimed.has_dependents)
 
     async def _flushed(self, batch: list[Outcome], applied: list[Outcome]) -> None:
         """Bookkeeping after ``batch`` was written: forget, report, wake waiters."""

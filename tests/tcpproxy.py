@@ -8,7 +8,11 @@ Put it between a queue and PostgreSQL/MariaDB (``proxy.url(db_url)``) and then:
 * ``cut_after_commit(marker)``: on the connection whose client bytes next contain
   ``marker``, let the following COMMIT reach the server, wait for the server's answer, drop
   it and abort the connection: the transaction is committed but the client never learns
-  (the "ambiguous commit" case).
+  (the "ambiguous commit" case). With ``autocommit=True`` the statement carrying the
+  marker is its own commit: the answer to it is the one lost.
+* ``cut_after_statement(sql)`` (PostgreSQL): the same for the next execution of a prepared
+  statement whose SQL text contains ``sql``, run in autocommit (its answer is its commit's).
+  The proxy reads the protocol's Parse / Bind messages to know which statement runs.
 
 Only this proxy's connections are affected: other users of the servers see nothing.
 """
@@ -32,11 +36,50 @@ class _Pair:
         self.tasks: list[asyncio.Task[None]] = []
         self.armed = False        # saw the marker: the next COMMIT is the one to lose
         self.commit_sent = False  # the COMMIT went to the server: drop its answer, then abort
+        self.pg = _PgScan()
 
     def abort(self) -> None:
         for w in (self.cw, self.sw):
             with contextlib.suppress(Exception):
                 w.transport.abort()
+
+
+class _PgScan:
+    """Client -> server PostgreSQL messages: which statement texts are being executed."""
+
+    def __init__(self) -> None:
+        self.buf = b""
+        self.started = False
+        self.names: dict[bytes, bytes] = {}  # prepared statement name -> SQL text
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """SQL texts executed (Bind of a prepared statement, or a simple Query) in ``data``."""
+        self.buf += data
+        out: list[bytes] = []
+        while True:
+            if not self.started:  # untyped startup / SSLRequest: int32 length, int32 code
+                if len(self.buf) < 8:
+                    return out
+                n, code = int.from_bytes(self.buf[:4], "big"), int.from_bytes(self.buf[4:8], "big")
+                if len(self.buf) < n:
+                    return out
+                self.buf = self.buf[n:]
+                self.started = code != 80877103  # SSLRequest: the real startup follows
+                continue
+            if len(self.buf) < 5:
+                return out
+            kind, n = self.buf[:1], int.from_bytes(self.buf[1:5], "big")
+            if len(self.buf) < 1 + n:
+                return out
+            body, self.buf = self.buf[5 : 1 + n], self.buf[1 + n :]
+            if kind == b"P":
+                name, rest = body.split(b"\0", 1)
+                self.names[name] = rest.split(b"\0", 1)[0]
+            elif kind == b"B":
+                name = body.split(b"\0", 2)[1]
+                out.append(self.names.get(name, b""))
+            elif kind == b"Q":
+                out.append(body)
 
 
 class TcpProxy:
@@ -49,6 +92,9 @@ class TcpProxy:
         self._pairs: set[_Pair] = set()
         self._refusing = False
         self._marker: bytes | None = None
+        self._autocommit = False
+        self._sql_marker: bytes | None = None
+        self.postgres = False  # speaks the PostgreSQL protocol (set by for_url)
         self.ambiguous_commits = 0
         self.cuts = 0
         self.events: list[tuple[float, str]] = []
@@ -56,8 +102,10 @@ class TcpProxy:
     @classmethod
     def for_url(cls, url: str) -> TcpProxy:
         u = make_url(url)
-        default = 5432 if u.get_backend_name() == "postgresql" else 3306
-        return cls(u.host or "127.0.0.1", u.port or default)
+        pg = u.get_backend_name() == "postgresql"
+        px = cls(u.host or "127.0.0.1", u.port or (5432 if pg else 3306))
+        px.postgres = pg
+        return px
 
     def url(self, url: str) -> str:
         """``url`` rewritten to go through this proxy."""
@@ -112,9 +160,16 @@ class TcpProxy:
         await asyncio.sleep(seconds)
         self.allow()
 
-    def cut_after_commit(self, marker: bytes) -> None:
-        """Lose the answer to the COMMIT of the next transaction that sends ``marker``."""
+    def cut_after_commit(self, marker: bytes, autocommit: bool = False) -> None:
+        """Lose the answer to the COMMIT of the next transaction that sends ``marker`` (with
+        ``autocommit``: to the statement that sends it, which commits by itself)."""
         self._marker = marker
+        self._autocommit = autocommit
+
+    def cut_after_statement(self, sql: bytes) -> None:
+        """PostgreSQL: lose the answer to the next execution of a statement whose SQL text
+        contains ``sql`` (it must run in autocommit: the answer is its commit's)."""
+        self._sql_marker = sql
 
     # -- plumbing -----------------------------------------------------------------------
     async def _accept(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
@@ -140,6 +195,13 @@ class TcpProxy:
                 if self._marker is not None and self._marker in data:
                     self._marker = None
                     p.armed = True
+                    if self._autocommit:
+                        p.armed, p.commit_sent = False, True
+                if self.postgres:  # track every statement: it may be armed later
+                    run = p.pg.feed(data)
+                    if self._sql_marker is not None and any(self._sql_marker in q for q in run):
+                        self._sql_marker = None
+                        p.commit_sent = True
                 if p.armed and b"COMMIT" in data:
                     p.armed = False
                     p.commit_sent = True

@@ -102,6 +102,43 @@ async def test_commit_whose_answer_was_lost_is_finalized_once(
         assert "committed though its answer was lost" in caplog.text
 
 
+@pytest.mark.parametrize("db", ["postgresql"], indirect=True)  # its autocommit finalize
+async def test_one_statement_finalize_whose_answer_was_lost_is_finalized_once(
+    make_queue: Callable[..., JobQueue], db_url: str, prefix: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A plain success (no result, no parent, no dependents) is finalized by one UPDATE in
+    autocommit. Its answer lost after it committed: the job is not run again, not finalized
+    twice, and reported done (not discarded)."""
+    caplog.set_level(logging.WARNING, "aiojobqueue")
+    async with make_queue() as observer, TcpProxy.for_url(db_url) as px:
+        q = serving_queue(px.url(db_url), prefix)
+        calls: list[int] = []
+        events: list[str] = []
+        q.on("done", lambda e: events.append("done"))
+        q.on("discarded", lambda e: events.append("discarded"))
+
+        @q.handler("step")
+        async def step(ctx: JobContext) -> None:
+            calls.append(ctx.attempt)
+            px.cut_after_statement(b"has_dependents = false")  # finish_fast's UPDATE
+
+        jid = await observer.enqueue("step", {})
+        async with q:
+            serving = asyncio.create_task(q.serve())
+            try:
+                assert await observer.wait(jid, timeout=30) is None
+                await asyncio.sleep(0.5)  # let any stray second finalize show itself
+            finally:
+                serving.cancel()
+                await asyncio.gather(serving, return_exceptions=True)
+        assert px.ambiguous_commits == 1, "the fault was not injected"
+        job = await observer.get(jid)
+        assert job.state == JobState.DONE and job.attempts == 1
+        assert calls == [1] and events == ["done"], (calls, events)
+        assert "committed though its answer was lost" in caplog.text
+
+
 @pytest.mark.parametrize("db", ["postgresql"], indirect=True)  # JSONB refuses \u0000
 async def test_an_outcome_the_database_refuses_does_not_block_the_others(
     make_queue: Callable[..., JobQueue], caplog: pytest.LogCaptureFixture,

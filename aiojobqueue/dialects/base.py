@@ -37,6 +37,10 @@ class DialectOps(ABC):
     prefetch: ClassVar[bool] = True
     #: A lone multi-row INSERT ... RETURNING may run in autocommit (one round trip).
     autocommit_insert: ClassVar[bool] = False
+    #: A write that is one atomic statement (the fast finalize, a claim without a gate) may
+    #: run in autocommit: no BEGIN / COMMIT round trips. Where a round trip is cheap (SQLite)
+    #: it joins the caller's transaction instead, one commit for all.
+    autocommit_writes: ClassVar[bool] = False
 
     def __init__(self, tables: Tables) -> None:
         self.t = tables

@@ -26,6 +26,7 @@ _TRANSIENT = {"40P01", "40001", "55P03", "57P01", "57P02", "57P03", "08000", "08
 class PostgresOps(DialectOps):
     name = "postgresql"
     autocommit_insert = True
+    autocommit_writes = True
 
     def _insert_ignore(self, table: Any) -> Any:
         return pg_insert(table).on_conflict_do_nothing()
