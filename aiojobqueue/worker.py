@@ -39,8 +39,10 @@ jlog = logging.getLogger("aiojobqueue.jobs")
 T = TypeVar("T")
 #: Prefetch aims to hold about this many seconds of work ahead of the free slots ...
 PREFETCH_HORIZON = 0.05
-#: ... and never more than this many times its capacity.
+#: ... and never more than this many times its capacity, or PREFETCH_FLOOR jobs if more: a
+#: small worker running very short jobs would otherwise pay a round per handful of jobs.
 PREFETCH_MAX = 2
+PREFETCH_FLOOR = 64
 
 
 @dataclass
@@ -184,16 +186,17 @@ class Worker:
 
     def _prefetch(self) -> int:
         """Extra jobs to lease ahead of free slots: about what this worker starts within
-        PREFETCH_HORIZON at its recent pace, at most PREFETCH_MAX x ``capacity``; only while
-        the last claim came back full (a backlog to run through: a shallow ready set is left
-        to the other workers). None where a global cap, group cap or limit is counted (a
-        prefetched job would hold a scarce slot idle), nor where the dialect says so."""
+        PREFETCH_HORIZON at its recent pace, at most PREFETCH_MAX x ``capacity`` (or
+        PREFETCH_FLOOR); only while the last claim came back full (a backlog to run through:
+        a shallow ready set is left to the other workers). None where a global cap, group cap
+        or limit is counted (a prefetched job would hold a scarce slot idle), nor where the
+        dialect says so."""
         q = self.q
         if (q._needs_gate or q._local_limits or not q._ops.prefetch or self._avg_run is None
                 or not self._backlog):
             return 0
         pace = q.capacity * PREFETCH_HORIZON / max(self._avg_run, 1e-6)
-        return min(PREFETCH_MAX * q.capacity, int(pace))
+        return min(max(PREFETCH_MAX * q.capacity, PREFETCH_FLOOR), int(pace))
 
     def _fill(self) -> None:
         """Start leased jobs while handler slots are free."""
