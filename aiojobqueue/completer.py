@@ -79,28 +79,40 @@ class Completer:
         Safe against an edge added concurrently: batch.insert_specs sets ``has_dependents``
         under the upstream's row lock, and an UPDATE that waited for that lock re-checks its
         WHERE on the new row version (READ COMMITTED), so it then skips the row."""
+        return {(r.id, a) for r, a in await self._finish_plain(conn, outcomes, alone=True)}
+
+    async def _finish_plain(
+        self, conn: AsyncConnection, outcomes: Sequence[Outcome], alone: bool
+    ) -> list[tuple[Any, int]]:
+        """Successes without a result, fenced (state, attempt, lease owner) and applied by one
+        UPDATE ... RETURNING per (attempt, owner): no lock-and-read first. ``alone``: only
+        jobs with no parent and no dependents (nothing else to do). Returns (row: id,
+        parent_id, has_dependents as updated, attempt); the row values are those of the
+        version updated, so an edge committed while the UPDATE waited for the row shows."""
         J = self.J
-        stmt = self.q._stmts.get("finish.fast")
+        key = "finish.alone" if alone else "finish.plain"
+        stmt = self.q._stmts.get(key)
         if stmt is None:
-            stmt = self.q._stmts["finish.fast"] = (
-                update(J)
-                .where(self.q._ops.in_ids_param(J.c.id, "ids"), J.c.state == lit(S.RUNNING),
-                       J.c.attempts == bindparam("a"), J.c.lease_owner == bindparam("o"),
-                       J.c.has_dependents == false(), J.c.parent_id.is_(None))
+            cond = [self.q._ops.in_ids_param(J.c.id, "ids"), J.c.state == lit(S.RUNNING),
+                    J.c.attempts == bindparam("a"), J.c.lease_owner == bindparam("o")]
+            if alone:
+                cond += [J.c.has_dependents == false(), J.c.parent_id.is_(None)]
+            stmt = self.q._stmts[key] = (
+                update(J).where(*cond)
                 .values(state=S.DONE, result=None, error=None, finished_at=db_now(),
                         live_key=None, lease_owner=None, lease_expires=None)
-                .returning(J.c.id)
+                .returning(J.c.id, J.c.parent_id, J.c.has_dependents)
             )
         by: dict[tuple[int, str], list[int]] = defaultdict(list)
         for o in outcomes:
             assert o.kind == "done" and o.result is None
             by[(o.attempt, o.owner)].append(o.job_id)
-        out: set[tuple[int, int]] = set()
+        out: list[tuple[Any, int]] = []
         for (a, owner), ids in sorted(by.items()):
             ids.sort()
             for i in range(0, len(ids), CHUNK):
                 rows = await conn.execute(stmt, {"ids": ids[i : i + CHUNK], "a": a, "o": owner})
-                out.update((r[0], a) for r in rows)
+                out += [(r, a) for r in rows]
         return out
 
     async def finish_detailed(
@@ -112,6 +124,24 @@ class Completer:
         J = self.J
         if not outcomes:
             return []
+        finished: list[tuple[int, str]] = []
+        hint: dict[int, int | None] = {}
+        leaves: set[int] = set()
+        effective: list[Outcome] = []  # what actually happened, for hooks and logs
+        if self.q._ops.update_returning:
+            # Plain successes need none of the lock-and-read below (no retry, cancel or result
+            # to decide): one UPDATE ... RETURNING each; what settle() needs comes back with it.
+            plain = [o for o in outcomes if o.kind == "done" and o.result is None]
+            if plain:
+                took = set()
+                for r, a in await self._finish_plain(conn, plain, alone=False):
+                    took.add((r.id, a))
+                    finished.append((r.id, S.DONE))
+                    hint[r.id] = r.parent_id
+                    if not r.has_dependents:
+                        leaves.add(r.id)
+                effective += [o for o in plain if (o.job_id, o.attempt) in took]
+                outcomes = [o for o in outcomes if not (o.kind == "done" and o.result is None)]
         by_key = {(o.job_id, o.attempt): o for o in outcomes}
         held: dict[int, Any] = {}
         ids = sorted({o.job_id for o in outcomes})
@@ -133,12 +163,10 @@ class Completer:
                 if o is not None and r.lease_owner == o.owner:
                     held[r.id] = r
         applied = [o for o in outcomes if o.job_id in held and held[o.job_id].attempts == o.attempt]
-        finished: list[tuple[int, str]] = []
         released = False
         done_rows = []
         now = db_now()
         cleared = {"lease_owner": None, "lease_expires": None}
-        effective: list[Outcome] = []  # what actually happened, for hooks and logs
         for o in applied:
             row = held[o.job_id]
             kind = o.kind
@@ -186,7 +214,6 @@ class Completer:
             else:  # pragma: no cover - programming error
                 raise ValueError(kind)
             effective.append(replace(o, kind=kind, retry_in=retry_in))
-        leaves: set[int] = set()
         if done_rows:
             done_vals = dict(state=S.DONE, error=None, finished_at=now, live_key=None, **cleared)
             # No result (None) is common: those rows share one set-based UPDATE.
@@ -211,7 +238,7 @@ class Completer:
                 )
             finished.extend((r["i"], S.DONE) for r in done_rows)
         if finished:
-            hint = {i: r.parent_id for i, r in held.items()}
+            hint.update({i: r.parent_id for i, r in held.items()})
             await self.settle(conn, finished, hint, leaves)
         if released:  # another worker may start it at once (not after its poll interval)
             await self.q._ops.notify(conn)
