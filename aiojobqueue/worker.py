@@ -305,13 +305,19 @@ class Worker:
         round whose commit answer is lost would strand the leases it took until they are
         released as orphans, bumping those jobs' attempt numbers. (False, got) if a write
         failed: the outcomes stay queued."""
-        claiming = (asyncio.ensure_future(self._claim_round(want, types or [], quick))
-                    if want else None)
+        claiming: asyncio.Future[list[Claimed] | None] | None = None
         try:
             async with self.flush_lock:
                 n = 1 if self.one_by_one else len(self.outbox)
                 batch, self.outbox = self.outbox[:n], self.outbox[n:]
+                # With no backlog, a finalize that may release jobs (a dependent, a
+                # container's next child) goes first, so this round's claim already sees
+                # them: a DAG's critical path takes one round per step, not two.
+                if want and (self._backlog or not any(self._frees(o) for o in batch)):
+                    claiming = asyncio.ensure_future(self._claim_round(want, types or [], quick))
                 wrote = not batch or await self._write_outcomes(batch)
+            if want and claiming is None:
+                claiming = asyncio.ensure_future(self._claim_round(want, types or [], quick))
         except asyncio.CancelledError:
             if claiming is not None:  # its leases reach the buffer, for _drain to release
                 with contextlib.suppress(Exception):
@@ -319,6 +325,11 @@ class Worker:
             raise
         got = await claiming if claiming is not None else []
         return wrote and got is not None, got or []
+
+    def _frees(self, o: Outcome) -> bool:
+        """Whether finalizing ``o`` may make other jobs runnable."""
+        r = self.running.get(o.job_id)
+        return r is None or r.claimed.parent_id is not None or r.claimed.has_dependents
 
     async def _claim_round(self, want: int, types: list[str], quick: bool) -> list[Claimed] | None:
         """Lease up to ``want`` jobs into the buffer; None if the claim failed (back off).
