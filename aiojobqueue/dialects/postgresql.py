@@ -6,16 +6,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from functools import cached_property
 from typing import Any
 
-from sqlalchemy import BigInteger, Select, any_, bindparam, func, literal, select
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy import BigInteger, Select, Text, any_, bindparam, cast, func, literal, select
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
-from .base import DialectOps, Listener, WakeCallback
+from .base import DialectOps, JobColumns, Listener, WakeCallback
 
 log = logging.getLogger("aiojobqueue.listener")
 
@@ -62,6 +63,52 @@ class PostgresOps(DialectOps):
             name = type(cause).__name__ if cause is not None else ""
             return "Connection" in name or "CannotConnect" in name
         return False
+
+
+    def json_param(self, name: str) -> Any:
+        return cast(bindparam(name, type_=Text()), JSONB)
+
+    # (column, array type) in the order of the statement's parameters
+    _BULK = (
+        ("type", "text"), ("kind", "text"), ("state", "text"), ("args", "text"),
+        ("parent_id", "int8"), ("group_key", "text"), ("weight", "int4"), ("priority", "int4"),
+        ("pending", "int4"), ("max_attempts", "int4"), ("timeout", "float8"), ("key", "text"),
+        ("cancelled_by", "int8"), ("has_dependents", "bool"), ("error", "text"),
+        ("delay", "float8"), ("run_at", "timestamptz"), ("dead", "bool"),
+    )
+
+    async def insert_jobs(self, conn: AsyncConnection, cols: JobColumns, wake: bool) -> list[int]:
+        """One statement whatever the count: every field bound as one array and unnested,
+        so the server plans it once and nothing is encoded per row on our side but the
+        arrays. Ids are drawn from the sequence in input order (WITH ORDINALITY, the CTE
+        materialized so nextval runs once per row) and handed back as one array."""
+        params = (*(cols[name] for name, _ in self._BULK), wake, self.channel())
+        row = (await conn.exec_driver_sql(self._bulk_insert_sql, params)).one()
+        return list(row[0])
+
+    @cached_property
+    def _bulk_insert_sql(self) -> str:
+        table = self.t.jobs.name
+        names = [name for name, _ in self._BULK]
+        arrays = ", ".join(f"${i}::{typ}[]" for i, (_, typ) in enumerate(self._BULK, 1))
+        wake, channel = len(self._BULK) + 1, len(self._BULK) + 2
+        now = "statement_timestamp()"
+        return f"""
+WITH input AS MATERIALIZED (
+    SELECT nextval((SELECT pg_get_serial_sequence('{table}', 'id'))) AS id, u.*
+    FROM unnest({arrays}) WITH ORDINALITY AS u({", ".join(names)}, ord)
+), ins AS (
+    INSERT INTO {table} (id, type, kind, state, args, parent_id, group_key, weight, priority,
+        pending, run_after, attempts, max_attempts, attempt_limit, timeout, key, live_key,
+        cancelled_by, has_dependents, error, created_at, finished_at)
+    SELECT id, type, kind, state, args::jsonb, parent_id, group_key, weight, priority,
+        pending, COALESCE(run_at, {now} + make_interval(secs => delay)), 0, max_attempts,
+        max_attempts, timeout, key, CASE WHEN dead THEN NULL ELSE key END,
+        cancelled_by, has_dependents, error::jsonb, {now}, CASE WHEN dead THEN {now} END
+    FROM input
+)
+SELECT array_agg(id ORDER BY ord), CASE WHEN ${wake}::bool THEN pg_notify(${channel}, '') END
+FROM input"""
 
 
 class _PgListener(Listener):
