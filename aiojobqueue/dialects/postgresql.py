@@ -78,33 +78,58 @@ class PostgresOps(DialectOps):
     )
 
     async def insert_jobs(self, conn: AsyncConnection, cols: JobColumns, wake: bool) -> list[int]:
-        """One statement whatever the count: every field bound as one array and unnested,
-        so the server plans it once and nothing is encoded per row on our side but the
-        arrays. Ids are drawn from the sequence in input order (WITH ORDINALITY, the CTE
-        materialized so nextval runs once per row) and handed back as one array."""
-        params = (*(cols[name] for name, _ in self._BULK), wake, self.channel())
-        row = (await conn.exec_driver_sql(self._bulk_insert_sql, params)).one()
+        """One statement whatever the count: the fields that vary are bound as arrays and
+        unnested, the ones equal on every row (most of them in a bulk load) as one value,
+        so encoding is per array, not per row. Ids are drawn from the sequence in input
+        order (WITH ORDINALITY, the CTE materialized so nextval runs once per row) and
+        handed back as one array."""
+        # args always varies, so the unnest has at least one array of full length
+        varying = frozenset(
+            name for name, _ in self._BULK
+            if name == "args" or cols[name].count(cols[name][0]) != len(cols[name])
+        )
+        sql = self._bulk_sql.get(varying)
+        if sql is None:
+            sql = self._bulk_sql[varying] = self._bulk_insert_sql(varying)
+        params = (*(cols[name] if name in varying else cols[name][0] for name, _ in self._BULK),
+                  wake, self.channel())
+        row = (await conn.exec_driver_sql(sql, params)).one()
         return list(row[0])
 
     @cached_property
-    def _bulk_insert_sql(self) -> str:
+    def _bulk_sql(self) -> dict[frozenset[str], str]:
+        """The bulk INSERT by set of varying fields (a few shapes in practice; the driver
+        prepares each once)."""
+        return {}
+
+    def _bulk_insert_sql(self, varying: frozenset[str]) -> str:
         table = self.t.jobs.name
-        names = [name for name, _ in self._BULK]
-        arrays = ", ".join(f"${i}::{typ}[]" for i, (_, typ) in enumerate(self._BULK, 1))
+        field: dict[str, str] = {}  # field -> SQL: a column of `input` or a parameter
+        arrays, names = [], []
+        for i, (name, typ) in enumerate(self._BULK, 1):
+            if name in varying:
+                arrays.append(f"${i}::{typ}[]")
+                names.append(name)
+                field[name] = name
+            else:
+                field[name] = f"${i}::{typ}"
         wake, channel = len(self._BULK) + 1, len(self._BULK) + 2
-        now = "statement_timestamp()"
+        f, now = field, "statement_timestamp()"
         return f"""
 WITH input AS MATERIALIZED (
     SELECT nextval((SELECT pg_get_serial_sequence('{table}', 'id'))) AS id, u.*
-    FROM unnest({arrays}) WITH ORDINALITY AS u({", ".join(names)}, ord)
+    FROM unnest({", ".join(arrays)}) WITH ORDINALITY AS u({", ".join(names)}, ord)
 ), ins AS (
     INSERT INTO {table} (id, type, kind, state, args, parent_id, group_key, weight, priority,
         pending, run_after, attempts, max_attempts, attempt_limit, timeout, key, live_key,
         cancelled_by, has_dependents, error, created_at, finished_at)
-    SELECT id, type, kind, state, args::jsonb, parent_id, group_key, weight, priority,
-        pending, COALESCE(run_at, {now} + make_interval(secs => delay)), 0, max_attempts,
-        max_attempts, timeout, key, CASE WHEN dead THEN NULL ELSE key END,
-        cancelled_by, has_dependents, error::jsonb, {now}, CASE WHEN dead THEN {now} END
+    SELECT id, {f["type"]}, {f["kind"]}, {f["state"]}, {f["args"]}::jsonb, {f["parent_id"]},
+        {f["group_key"]}, {f["weight"]}, {f["priority"]}, {f["pending"]},
+        COALESCE({f["run_at"]}, {now} + make_interval(secs => {f["delay"]})), 0,
+        {f["max_attempts"]}, {f["max_attempts"]}, {f["timeout"]}, {f["key"]},
+        CASE WHEN {f["dead"]} THEN NULL ELSE {f["key"]} END, {f["cancelled_by"]},
+        {f["has_dependents"]}, {f["error"]}::jsonb, {now},
+        CASE WHEN {f["dead"]} THEN {now} END
     FROM input
 )
 SELECT array_agg(id ORDER BY ord), CASE WHEN ${wake}::bool THEN pg_notify(${channel}, '') END
