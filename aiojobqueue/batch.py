@@ -7,7 +7,7 @@ import math
 import uuid
 from collections import defaultdict, deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -39,15 +39,20 @@ class UnknownJobError(InvalidJobError, JobNotFoundError):
     """``depends_on`` or ``parent`` names a job id that does not exist."""
 
 
+# One encoder for every check (json.dumps with an option builds a new encoder per call);
+# its output is what json.dumps gives, and what the JSON column type would have stored.
+_ENCODE = json.JSONEncoder(allow_nan=False).encode
+
+
 def check_json(value: Any, what: str) -> str:
     """Serialize strictly (no NaN, only JSON types) or raise NotJSONError."""
     try:
-        return json.dumps(value, allow_nan=False)
+        return _ENCODE(value)
     except (TypeError, ValueError) as exc:
         raise NotJSONError(f"{what} is not JSON-serializable: {exc}") from None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class JobRef:
     """A job added to a batch; ``.id`` is known once the batch has been inserted."""
 
@@ -70,7 +75,7 @@ class JobRef:
 Ref = JobRef | int
 
 
-@dataclass
+@dataclass(slots=True)
 class _Spec:
     ref: JobRef
     type: str
@@ -89,7 +94,6 @@ class _Spec:
     state: str = ""
     pending: int = 0
     cancelled_by: int | None = None
-    children: list[_Spec] = field(default_factory=list)
 
 
 class Batch:
@@ -165,7 +169,10 @@ class Batch:
             raise InvalidJobError(f"job type must be a non-empty string of <= 200 chars: {type!r}")
         if not isinstance(args, dict):
             raise InvalidJobError(f"args must be a dict, got {args.__class__.__name__}")
-        args_json = check_json(args, f"args of {type!r}")
+        try:  # (not check_json: its message would be formatted on every call)
+            args_json = _ENCODE(args)
+        except (TypeError, ValueError) as exc:
+            raise NotJSONError(f"args of {type!r} is not JSON-serializable: {exc}") from None
         group = self._q.default_group if group is None else group
         if not isinstance(group, str) or not group or len(group) > 200:
             raise InvalidJobError(f"group must be a non-empty string of <= 200 chars: {group!r}")
@@ -194,11 +201,13 @@ class Batch:
             raise InvalidJobError(
                 f"run_after must be a timedelta, datetime or seconds: {run_after!r}"
             )
-        deps = list(depends_on)
-        for d in [*deps, *([parent] if parent is not None else [])]:
+        deps = list(depends_on) if depends_on else []
+        for d in deps:
             self._check_ref(d)
-        if parent is not None and isinstance(parent, JobRef) and not parent.is_container:
-            raise InvalidJobError(f"parent {parent!r} is not a container")
+        if parent is not None:
+            self._check_ref(parent)
+            if isinstance(parent, JobRef) and not parent.is_container:
+                raise InvalidJobError(f"parent {parent!r} is not a container")
         ref = JobRef(self, len(self._specs), type, is_container)
         self._specs.append(
             _Spec(
