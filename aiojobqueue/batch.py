@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 
 CHUNK = 1000
 MAX_ID = 2**63 - 1  # BIGINT / SQLite INTEGER
+# weight, priority, max_attempts are INTEGER columns: 32 bits on PostgreSQL and MySQL, so a
+# larger value is refused here on every database rather than by one driver (untyped).
+MAX_INT = 2**31 - 1
 
 
 class UnknownJobError(InvalidJobError, JobNotFoundError):
@@ -176,10 +179,10 @@ class Batch:
         group = self._q.default_group if group is None else group
         if not isinstance(group, str) or not group or len(group) > 200:
             raise InvalidJobError(f"group must be a non-empty string of <= 200 chars: {group!r}")
-        if not _is_int(weight) or weight < 1:
-            raise InvalidJobError(f"weight must be an int >= 1: {weight!r}")
-        if not _is_int(priority):
-            raise InvalidJobError(f"priority must be an int: {priority!r}")
+        if not _is_int(weight) or not 1 <= weight <= MAX_INT:
+            raise InvalidJobError(f"weight must be a (32-bit) int >= 1: {weight!r}")
+        if not _is_int(priority) or not -MAX_INT <= priority <= MAX_INT:
+            raise InvalidJobError(f"priority must be a (32-bit) int: {priority!r}")
         handler = self._q._handlers.get(type)
         if timeout is None and handler is not None:
             timeout = handler.timeout
@@ -191,8 +194,8 @@ class Batch:
             max_attempts = (handler.max_attempts if handler is not None else None) or (
                 self._q.max_attempts
             )
-        if not _is_int(max_attempts) or max_attempts < 1:
-            raise InvalidJobError(f"max_attempts must be an int >= 1: {max_attempts!r}")
+        if not _is_int(max_attempts) or not 1 <= max_attempts <= MAX_INT:
+            raise InvalidJobError(f"max_attempts must be a (32-bit) int >= 1: {max_attempts!r}")
         if key is not None and (not isinstance(key, str) or not key or len(key) > 255):
             raise InvalidJobError(f"key must be a non-empty string of <= 255 chars: {key!r}")
         if isinstance(run_after, (int, float)) and not isinstance(run_after, bool):
@@ -336,9 +339,11 @@ async def insert_specs(
             parents, flagged, errors = [None] * n, [False] * n, [None] * n
         cols = _columns(level, parents, flagged, errors)
         ids = None if q._force_insert_fallback else await q._ops.insert_jobs(conn, cols, wake)
-        if ids is None:
+        if ids is not None:
+            wake = False  # sent by the bulk statement
+        else:
             ids = await _insert_rows(q, conn, _rows(cols), wake)
-        wake = wake and q._ops.notify_expr() is None
+            wake = wake and q._ops.notify_expr() is None
         for s, new_id in zip(level, ids, strict=True):
             s.ref._id = new_id
     if graph:
@@ -357,6 +362,26 @@ async def insert_specs(
     if wake:
         await q._ops.notify(conn)
     return [s.ref.id for s in specs], any_ready
+
+
+async def insert_alone(q: JobQueue, specs: Sequence[_Spec]) -> tuple[list[int], bool]:
+    """Plain jobs (JobQueue._lone_insert: no key, edge, parent or container, a known group)
+    as one statement of their own, in autocommit: one round trip and none of the planning
+    above. Returns (ids, any_ready) like insert_specs."""
+    n = len(specs)
+    for s in specs:
+        s.state = S.SCHEDULED if s.run_after is not None else S.READY
+    any_ready = any(s.state == S.READY for s in specs)
+    cols = _columns(specs, [None] * n, [False] * n, [None] * n)
+    ids = (None if q._force_insert_fallback
+           else await q._ops.insert_jobs_alone(q.engine, cols, any_ready))
+    if ids is None:  # no bulk path: the generic insert, still in autocommit
+        async with q.engine.connect() as conn:
+            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+            return await insert_specs(q, conn, specs)
+    for s, new_id in zip(specs, ids, strict=True):
+        s.ref._id = new_id
+    return ids, any_ready
 
 
 async def _plan_graph(

@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 
 from . import schema as S
-from .batch import MAX_ID, Batch, JobRef, _Spec, insert_specs
+from .batch import MAX_ID, Batch, JobRef, _Spec, insert_alone, insert_specs
 from .completer import Completer
 from .dialects.base import DialectOps, dialect_for, engine_kwargs_for
 from .errors import (
@@ -304,10 +304,8 @@ class JobQueue:
             return ids
         if self._ops.autocommit_insert and self._lone_insert(specs):
             # One INSERT statement does it all (times from the database clock, the wake-up
-            # in its RETURNING): it is atomic by itself, so skip BEGIN and COMMIT.
-            async with self.engine.connect() as conn:
-                conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
-                ids, any_ready = await insert_specs(self, conn, specs)
+            # in the same statement): it is atomic by itself, so skip BEGIN and COMMIT.
+            ids, any_ready = await insert_alone(self, specs)
             if any_ready and self._worker is not None:
                 self._worker.wake.set()
             return ids

@@ -122,6 +122,15 @@ class DialectOps(ABC):
     @abstractmethod
     def _is_transient(self, exc: BaseException) -> bool: ...
 
+    async def insert_jobs_alone(
+        self, engine: AsyncEngine, cols: JobColumns, wake: bool
+    ) -> list[int] | None:
+        """insert_jobs as a statement of its own in autocommit (only asked where
+        ``autocommit_insert``): the jobs exist once it returns. None: no bulk path."""
+        async with engine.connect() as conn:
+            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+            return await self.insert_jobs(conn, cols, wake)
+
     def json_param(self, name: str) -> Any:
         """A bind parameter for a JSON column that takes already encoded JSON text."""
         return bindparam(name, type_=Text())
