@@ -88,6 +88,13 @@ class PostgresOps(DialectOps):
         sql, params = self._bulk_statement(cols, wake)
         fairy = await engine.raw_connection()
         apg: Any = fairy.driver_connection
+        for _ in range(3):  # a link the server already closed: nothing sent yet, take another
+            if not apg.is_closed():
+                break
+            await greenlet_spawn(fairy.invalidate)
+            await greenlet_spawn(fairy.close)
+            fairy = await engine.raw_connection()
+            apg = fairy.driver_connection
         try:
             row = await apg.fetchrow(sql, *params)
         except Exception as exc:
