@@ -186,3 +186,19 @@ async def test_cancelled_lone_enqueues_leave_the_pool_healthy(queue: JobQueue) -
     ids = await asyncio.gather(*(queue.enqueue("t", {"i": i}) for i in range(10)))
     rows = await _rows(queue, list(ids))
     assert sorted(r.args["i"] for r in rows.values()) == list(range(10))
+
+
+async def test_awkward_text_round_trips(queue: JobQueue) -> None:
+    """JSON text travels inside the bulk statements' parameters (arrays, a JSON document of
+    rows): quotes, backslashes, non-ASCII and 4-byte characters come back unchanged."""
+    odd = ['"q"', "back\\slash", "ünïcødé", "emoji \U0001f680", "nl\nline", "'", "%s %(x)s"]
+    async with queue.batch() as b:
+        refs = [b.add("t", {"s": s, "n": [1.5, None, True]}, group=f"g{s}"[:200], key=f"k{s}")
+                for s in odd]
+    one = await queue.enqueue("t", {"s": odd[3]}, group=odd[2])
+    rows = await _rows(queue, [r.id for r in refs] + [one])
+    for s, r in zip(odd, refs, strict=True):
+        row = rows[r.id]
+        assert (row.args, row.group_key, row.key) == ({"s": s, "n": [1.5, None, True]},
+                                                      f"g{s}", f"k{s}")
+    assert (rows[one].args, rows[one].group_key) == ({"s": odd[3]}, odd[2])

@@ -24,6 +24,23 @@ WakeCallback = Callable[[str], None]
 #: (seconds from the database's now, or None) or run_at (an absolute run_after); dead (born
 #: cancelled: finished now, no live_key). attempts start at 0, attempt_limit = max_attempts.
 JobColumns = dict[str, list[Any]]
+JOB_FIELDS = (
+    "type", "kind", "state", "args", "parent_id", "group_key", "weight", "priority", "pending",
+    "max_attempts", "timeout", "key", "cancelled_by", "has_dependents", "error", "delay",
+    "run_at", "dead",
+)
+
+
+def varying_fields(cols: JobColumns) -> frozenset[str]:
+    """The fields whose value is not the same on every row (a bulk statement binds the
+    others once). With more than one row, args always counts as varying, so the statement
+    always has one per-row field to number its rows by."""
+    n = len(cols["args"])
+    if n == 1:
+        return frozenset()
+    return frozenset(
+        name for name, vals in cols.items() if name == "args" or vals.count(vals[0]) != n
+    )
 
 
 class Listener(ABC):

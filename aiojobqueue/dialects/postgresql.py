@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from sqlalchemy.pool import NullPool
 from sqlalchemy.util import greenlet_spawn
 
-from .base import DialectOps, JobColumns, Listener, WakeCallback
+from .base import DialectOps, JobColumns, Listener, WakeCallback, varying_fields
 
 log = logging.getLogger("aiojobqueue.listener")
 
@@ -133,13 +133,7 @@ class PostgresOps(DialectOps):
         return wrapped
 
     def _bulk_statement(self, cols: JobColumns, wake: bool) -> tuple[str, tuple[Any, ...]]:
-        # One row: all scalars. Else args always varies, so the unnest has at least one
-        # array of full length.
-        n = len(cols["args"])
-        varying = frozenset(
-            name for name, _ in self._BULK
-            if n > 1 and (name == "args" or cols[name].count(cols[name][0]) != n)
-        )
+        varying = varying_fields(cols)  # one row: none (all scalars, a plain INSERT)
         sql = self._bulk_sql.get(varying)
         if sql is None:
             sql = self._bulk_sql[varying] = self._bulk_insert_sql(varying)
