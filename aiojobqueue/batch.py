@@ -364,21 +364,21 @@ async def insert_specs(
     return [s.ref.id for s in specs], any_ready
 
 
-async def insert_alone(q: JobQueue, specs: Sequence[_Spec]) -> tuple[list[int], bool]:
+async def insert_alone(q: JobQueue, specs: Sequence[_Spec]) -> tuple[list[int], bool] | None:
     """Plain jobs (JobQueue._lone_insert: no key, edge, parent or container, a known group)
-    as one statement of their own, in autocommit: one round trip and none of the planning
-    above. Returns (ids, any_ready) like insert_specs."""
+    as one bulk statement of their own, in autocommit: one round trip and none of the
+    planning above. Returns (ids, any_ready) like insert_specs, or None where the dialect
+    has no such statement (then the caller runs a transaction)."""
+    if q._force_insert_fallback:
+        return None
     n = len(specs)
     for s in specs:
         s.state = S.SCHEDULED if s.run_after is not None else S.READY
     any_ready = any(s.state == S.READY for s in specs)
     cols = _columns(specs, [None] * n, [False] * n, [None] * n)
-    ids = (None if q._force_insert_fallback
-           else await q._ops.insert_jobs_alone(q.engine, cols, any_ready))
-    if ids is None:  # no bulk path: the generic insert, still in autocommit
-        async with q.engine.connect() as conn:
-            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
-            return await insert_specs(q, conn, specs)
+    ids = await q._ops.insert_jobs_alone(q.engine, cols, any_ready)
+    if ids is None:
+        return None
     for s, new_id in zip(specs, ids, strict=True):
         s.ref._id = new_id
     return ids, any_ready

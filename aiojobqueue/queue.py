@@ -305,10 +305,12 @@ class JobQueue:
         if self._ops.autocommit_insert and self._lone_insert(specs):
             # One INSERT statement does it all (times from the database clock, the wake-up
             # in the same statement): it is atomic by itself, so skip BEGIN and COMMIT.
-            ids, any_ready = await insert_alone(self, specs)
-            if any_ready and self._worker is not None:
-                self._worker.wake.set()
-            return ids
+            done = await insert_alone(self, specs)
+            if done is not None:
+                ids, any_ready = done
+                if any_ready and self._worker is not None:
+                    self._worker.wake.set()
+                return ids
         for attempt in range(3):
             try:
                 ids, any_ready = await self._write(lambda conn: insert_specs(self, conn, specs))

@@ -143,7 +143,8 @@ class DialectOps(ABC):
         self, engine: AsyncEngine, cols: JobColumns, wake: bool
     ) -> list[int] | None:
         """insert_jobs as a statement of its own in autocommit (only asked where
-        ``autocommit_insert``): the jobs exist once it returns. None: no bulk path."""
+        ``autocommit_insert``): the jobs exist once it returns. None: no bulk path here (and
+        nothing was written)."""
         async with engine.connect() as conn:
             conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
             return await self.insert_jobs(conn, cols, wake)
