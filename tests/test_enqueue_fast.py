@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from conftest import drop_tables
 from sqlalchemy import select, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -202,3 +203,21 @@ async def test_awkward_text_round_trips(queue: JobQueue) -> None:
         assert (row.args, row.group_key, row.key) == ({"s": s, "n": [1.5, None, True]},
                                                       f"g{s}", f"k{s}")
     assert (rows[one].args, rows[one].group_key) == ({"s": odd[3]}, odd[2])
+
+
+async def test_a_prefix_with_capitals(db_url: str, prefix: str) -> None:
+    """The bulk statements are hand-written SQL: the table name must be quoted like
+    SQLAlchemy quotes it."""
+    caps = "Cap" + prefix
+    q = JobQueue(db_url, prefix=caps)
+    try:
+        async with q:
+            async with q.batch() as b:
+                refs = [b.add("t", {"i": i}) for i in range(3)]
+            one = await q.enqueue("t", {"i": 3})
+            one = await q.enqueue("t", {"i": 4})  # the group is known: the lone path
+            assert [(await q.get(r.id)).args for r in refs] == [{"i": 0}, {"i": 1}, {"i": 2}]
+            assert (await q.get(one)).args == {"i": 4}
+    finally:
+        if not db_url.startswith("sqlite"):
+            await drop_tables(db_url, caps)

@@ -115,7 +115,7 @@ class MySQLOps(DialectOps):
         now = "UTC_TIMESTAMP(6)"  # one instant per statement
         delay = f"CAST(ROUND({f['delay']} * 1000000) AS SIGNED)"
         return f"""
-INSERT INTO {self.t.jobs.name} (`type`, `kind`, `state`, `args`, `parent_id`, `group_key`,
+INSERT INTO `{self.t.jobs.name}` (`type`, `kind`, `state`, `args`, `parent_id`, `group_key`,
     `weight`, `priority`, `pending`, `run_after`, `attempts`, `max_attempts`, `attempt_limit`,
     `timeout`, `key`, `live_key`, `cancelled_by`, `has_dependents`, `error`, `created_at`,
     `finished_at`)

@@ -158,7 +158,7 @@ class PostgresOps(DialectOps):
         return {}
 
     def _bulk_insert_sql(self, varying: frozenset[str]) -> str:
-        table = self.t.jobs.name
+        table = f'"{self.t.jobs.name}"'  # quoted: a prefix may have capitals
         field: dict[str, str] = {}  # field -> SQL: a column of `input` or a parameter
         arrays, names = [], []
         for i, (name, typ) in enumerate(self._BULK, 1):

@@ -113,7 +113,7 @@ class SQLiteOps(DialectOps):
         f.update({name: f"json_extract(value, '$[{i}]')" for i, name in enumerate(varying)})
         now = "((julianday('now') - 2440587.5) * 86400.0)"  # one instant per statement
         return f"""
-INSERT INTO {self.t.jobs.name} (type, kind, state, args, parent_id, group_key, weight, priority,
+INSERT INTO "{self.t.jobs.name}" (type, kind, state, args, parent_id, group_key, weight, priority,
     pending, run_after, attempts, max_attempts, attempt_limit, timeout, key, live_key,
     cancelled_by, has_dependents, error, created_at, finished_at)
 SELECT {f["type"]}, {f["kind"]}, {f["state"]}, {f["args"]}, {f["parent_id"]}, {f["group_key"]},
