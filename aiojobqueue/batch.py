@@ -204,7 +204,7 @@ class Batch:
             raise InvalidJobError(
                 f"run_after must be a timedelta, datetime or seconds: {run_after!r}"
             )
-        deps = list(depends_on) if depends_on else []
+        deps = list(depends_on)
         for d in deps:
             self._check_ref(d)
         if parent is not None:

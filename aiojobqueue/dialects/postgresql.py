@@ -65,7 +65,6 @@ class PostgresOps(DialectOps):
             return "Connection" in name or "CannotConnect" in name
         return False
 
-
     def json_param(self, name: str) -> Any:
         return cast(bindparam(name, type_=Text()), JSONB)
 
@@ -83,8 +82,9 @@ class PostgresOps(DialectOps):
     ) -> list[int]:
         """The bulk statement straight on a pooled connection's asyncpg link: a lone enqueue()
         is one round trip, and SQLAlchemy's Connection (checkout events, execution context,
-        result wrapping: more CPU than the statement itself) is skipped. No transaction is
-        open on a freshly checked-out link, so the statement commits by itself."""
+        result wrapping: more CPU than the statement itself) is skipped, and with it the
+        engine's cursor events. No transaction is open on a freshly checked-out link, so the
+        statement commits by itself; errors come out as SQLAlchemy would raise them."""
         sql, params = self._bulk_statement(cols, wake)
         fairy = await engine.raw_connection()
         apg: Any = fairy.driver_connection
