@@ -209,6 +209,8 @@ class JobQueue:
     async def close(self) -> None:
         """Dispose of the engine aiojobqueue created (a passed-in engine is left alone)."""
         engine, self._engine = self._engine, None
+        if engine is not None:
+            await self._ops.release()
         if engine is not None and self._owns_engine:
             await engine.dispose()
 

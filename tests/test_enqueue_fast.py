@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from conftest import drop_tables
+from conftest import drop_tables, eventually
 from sqlalchemy import select, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -153,6 +153,9 @@ async def test_lone_enqueue_after_the_server_dropped_the_pool(
     pids = [(await c.execute(text("SELECT pg_backend_pid()"))).scalar_one() for c in held]
     for c in held:
         await c.close()
+    spare = queue._ops._spare  # type: ignore[attr-defined]  # the lone path's kept link
+    if spare is not None:
+        pids.append(spare.driver_connection.get_server_pid())
     killer = create_async_engine(queue.engine.url, poolclass=NullPool)
     try:
         async with killer.connect() as conn:
@@ -221,3 +224,23 @@ async def test_a_prefix_with_capitals(db_url: str, prefix: str) -> None:
     finally:
         if not db_url.startswith("sqlite"):
             await drop_tables(db_url, caps)
+
+
+async def test_the_lone_path_gives_its_link_back(make_queue: Callable[..., JobQueue]) -> None:
+    """A lone enqueue() may keep its link for the next one, but not for long, never more
+    than one, and never past close()."""
+    q = make_queue()
+    async with q:
+        engine = q.engine
+        pool: Any = engine.pool
+        await q.enqueue("t", {})
+        await asyncio.gather(*(q.enqueue("t", {"i": i}) for i in range(20)))
+        assert pool.checkedout() <= 1
+        await eventually(lambda: pool.checkedout() == 0, timeout=5)
+        await q.enqueue("t", {})
+        passed_in = JobQueue(engine, prefix=q.prefix)  # its close() keeps the engine
+        async with passed_in:
+            await passed_in.enqueue("t", {})
+            await passed_in.enqueue("t", {})
+        assert pool.checkedout() <= 1  # q's own spare at most
+    assert pool.checkedout() == 0

@@ -149,6 +149,9 @@ class DialectOps(ABC):
             conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
             return await self.insert_jobs(conn, cols, wake)
 
+    async def release(self) -> None:  # noqa: B027 - optional hook
+        """Give back what the dialect holds between calls (JobQueue.close)."""
+
     def json_param(self, name: str) -> Any:
         """A bind parameter for a JSON column that takes already encoded JSON text."""
         return bindparam(name, type_=Text())

@@ -83,10 +83,17 @@ class PostgresOps(DialectOps):
         """The bulk statement straight on a pooled connection's asyncpg link: a lone enqueue()
         is one round trip, and SQLAlchemy's Connection (checkout events, execution context,
         result wrapping: more CPU than the statement itself) is skipped, and with it the
-        engine's cursor events. No transaction is open on a freshly checked-out link, so the
-        statement commits by itself; errors come out as SQLAlchemy would raise them."""
+        engine's cursor events. No transaction is ever open on that link, so the statement
+        commits by itself; errors come out as SQLAlchemy would raise them.
+
+        The link is kept as a spare for the next lone enqueue (a pool checkout and checkin
+        cost about as much CPU as the statement): it goes back to the pool after SPARE_IDLE
+        seconds without one, on release(), or at once if it failed. Concurrent callers
+        check out their own."""
         sql, params = self._bulk_statement(cols, wake)
-        fairy = await engine.raw_connection()
+        fairy, self._spare = self._spare, None
+        if fairy is None:
+            fairy = await engine.raw_connection()
         apg: Any = fairy.driver_connection
         for _ in range(3):  # a link the server already closed: nothing sent yet, take another
             if not apg.is_closed():
@@ -98,16 +105,63 @@ class PostgresOps(DialectOps):
         try:
             row = await apg.fetchrow(sql, *params)
         except Exception as exc:
-            wrapped = await self._wrap_error(fairy, engine, exc, sql, params)
+            try:
+                wrapped = await self._wrap_error(fairy, engine, exc, sql, params)
+            finally:
+                await greenlet_spawn(fairy.close)
             if wrapped is exc:
                 raise
             raise wrapped from exc
         except BaseException:  # cancelled mid-statement: the link's state is unknown
             await greenlet_spawn(fairy.invalidate)
+            await greenlet_spawn(fairy.close)
             raise
-        finally:
+        if self._spare is None:
+            self._keep_spare(fairy)
+        else:  # another caller's link is the spare already
             await greenlet_spawn(fairy.close)
         return list(row[0])
+
+    #: seconds a spare link of insert_jobs_alone stays out of the pool unused
+    SPARE_IDLE = 0.5
+    _spare: Any = None
+    _spare_used = 0.0
+    _spare_timer: asyncio.TimerHandle | None = None
+
+    @cached_property
+    def _closing(self) -> set[asyncio.Task[Any]]:
+        """Spare links being given back by the idle timer (held: tasks are weakly kept)."""
+        return set()
+
+    def _keep_spare(self, fairy: Any) -> None:
+        loop = asyncio.get_running_loop()
+        self._spare, self._spare_used = fairy, loop.time()
+        if self._spare_timer is None:
+            self._spare_timer = loop.call_later(self.SPARE_IDLE, self._spare_idle)
+
+    def _spare_idle(self) -> None:
+        self._spare_timer = None
+        if self._spare is None:
+            return
+        loop = asyncio.get_running_loop()
+        left = self._spare_used + self.SPARE_IDLE - loop.time()
+        if left > 0:  # used since: look again later
+            self._spare_timer = loop.call_later(left, self._spare_idle)
+            return
+        fairy, self._spare = self._spare, None
+        task = loop.create_task(greenlet_spawn(fairy.close))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def release(self) -> None:
+        if self._spare_timer is not None:
+            self._spare_timer.cancel()
+            self._spare_timer = None
+        fairy, self._spare = self._spare, None
+        if fairy is not None:
+            await greenlet_spawn(fairy.close)
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
 
     @staticmethod
     async def _wrap_error(
