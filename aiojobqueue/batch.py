@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from .queue import JobQueue
 
 CHUNK = 1000
+BULK_ROWS = 10 * CHUNK  # rows per bulk INSERT statement (DialectOps.insert_jobs)
 MAX_ID = 2**63 - 1  # BIGINT / SQLite INTEGER
 # weight, priority, max_attempts are INTEGER columns: 32 bits on PostgreSQL and MySQL, so a
 # larger value is refused here on every database rather than by one driver (untyped).
@@ -324,6 +325,8 @@ async def insert_specs(
 
     any_ready = any(s.state == S.READY for s in fresh)
     wake = any_ready  # the wake-up rides on the first INSERT where the dialect can (below)
+    # (a level of more than BULK_ROWS goes in slices: bounded statement and parameter size)
+    levels = [lvl[i : i + BULK_ROWS] for lvl in levels for i in range(0, len(lvl), BULK_ROWS)]
     for level in levels:
         n = len(level)
         if graph:

@@ -244,3 +244,21 @@ async def test_the_lone_path_gives_its_link_back(make_queue: Callable[..., JobQu
             await passed_in.enqueue("t", {})
         assert pool.checkedout() <= 1  # q's own spare at most
     assert pool.checkedout() == 0
+
+
+async def test_large_batches_go_in_bounded_statements(queue: JobQueue) -> None:
+    """Big args (past MariaDB's default 16 MB packet in total) and more rows than one bulk
+    statement takes: split, every id still maps to its own row."""
+    big = "x" * 3_000_000
+    async with queue.batch() as b:
+        fat = [b.add("t", {"i": i, "pad": big}) for i in range(8)]
+    rows = await _rows(queue, [r.id for r in fat])
+    assert [rows[r.id].args["i"] for r in fat] == list(range(8))
+    assert all(len(rows[r.id].args["pad"]) == len(big) for r in fat)
+    async with queue.batch() as b:
+        many = [b.add("t", {"i": i}) for i in range(12_345)]
+    ids = [r.id for r in many]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    rows = await _rows(queue, [ids[0], ids[9_999], ids[10_000], ids[-1]])
+    assert [rows[i].args["i"] for i in (ids[0], ids[9_999], ids[10_000], ids[-1])] == [
+        0, 9_999, 10_000, 12_344]

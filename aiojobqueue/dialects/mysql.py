@@ -69,6 +69,8 @@ class MySQLOps(DialectOps):
             return bool(args) and args[0] in _TRANSIENT
         return False
 
+    #: characters of JSON rows per statement: well under the default max_allowed_packet (16 MB)
+    MAX_DOCUMENT = 4_000_000
     # JSON_TABLE type of each field (bools travel as 0/1, times as naive UTC text)
     _BULK = {
         "type": "VARCHAR(200)", "kind": "VARCHAR(10)", "state": "VARCHAR(10)",
@@ -93,13 +95,20 @@ class MySQLOps(DialectOps):
         sql = self._bulk_sql.get(tuple(varying))
         if sql is None:
             sql = self._bulk_sql[tuple(varying)] = self._bulk_insert_sql(varying)
-        cols = dict(cols, run_at=[None if t is None else _naive_utc(t) for t in cols["run_at"]],
-                    has_dependents=[int(v) for v in cols["has_dependents"]],
-                    dead=[int(v) for v in cols["dead"]])
-        params = {name: vals[0] for name, vals in cols.items() if name not in varying}
-        params["rows"] = json.dumps(list(zip(*(cols[name] for name in varying), strict=True)))
+        enc = dict(cols, run_at=[None if t is None else _naive_utc(t) for t in cols["run_at"]],
+                   has_dependents=[int(v) for v in cols["has_dependents"]],
+                   dead=[int(v) for v in cols["dead"]])
+        params = {name: vals[0] for name, vals in enc.items() if name not in varying}
+        params["rows"] = json.dumps(list(zip(*(enc[name] for name in varying), strict=True)))
+        n = len(cols["args"])
+        if len(params["rows"]) > self.MAX_DOCUMENT and n > 1:  # big args: halve the slice
+            first = await self.insert_jobs(
+                conn, {name: vals[: n // 2] for name, vals in cols.items()}, wake)
+            rest = await self.insert_jobs(
+                conn, {name: vals[n // 2 :] for name, vals in cols.items()}, False)
+            return None if first is None or rest is None else first + rest
         got = sorted(r[0] for r in await conn.exec_driver_sql(sql, params))
-        if len(got) != len(cols["args"]):  # pragma: no cover - defensive
+        if len(got) != n:  # pragma: no cover - defensive
             raise RuntimeError("bulk INSERT returned the wrong number of ids")
         return got
 
