@@ -7,7 +7,7 @@ import math
 import uuid
 from collections import defaultdict, deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.sql.compiler import InsertmanyvaluesSentinelOpts
 
 from . import schema as S
+from .dialects.base import JobColumns
 from .errors import (
     ContainerClosedError,
     DependencyCycleError,
@@ -31,22 +32,31 @@ if TYPE_CHECKING:
     from .queue import JobQueue
 
 CHUNK = 1000
+BULK_ROWS = 10 * CHUNK  # rows per bulk INSERT statement (DialectOps.insert_jobs)
 MAX_ID = 2**63 - 1  # BIGINT / SQLite INTEGER
+# weight, priority, max_attempts are INTEGER columns: 32 bits on PostgreSQL and MySQL, so a
+# larger value is refused here on every database rather than by one driver (untyped).
+MAX_INT = 2**31 - 1
 
 
 class UnknownJobError(InvalidJobError, JobNotFoundError):
     """``depends_on`` or ``parent`` names a job id that does not exist."""
 
 
+# One encoder for every check (json.dumps with an option builds a new encoder per call);
+# its output is what json.dumps gives, and what the JSON column type would have stored.
+_ENCODE = json.JSONEncoder(allow_nan=False).encode
+
+
 def check_json(value: Any, what: str) -> str:
     """Serialize strictly (no NaN, only JSON types) or raise NotJSONError."""
     try:
-        return json.dumps(value, allow_nan=False)
+        return _ENCODE(value)
     except (TypeError, ValueError) as exc:
         raise NotJSONError(f"{what} is not JSON-serializable: {exc}") from None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class JobRef:
     """A job added to a batch; ``.id`` is known once the batch has been inserted."""
 
@@ -69,11 +79,11 @@ class JobRef:
 Ref = JobRef | int
 
 
-@dataclass
+@dataclass(slots=True)
 class _Spec:
     ref: JobRef
     type: str
-    args: dict[str, Any]
+    args: str  # the JSON text, encoded once when added (validated and bound as is)
     group: str
     weight: int
     priority: int
@@ -88,7 +98,6 @@ class _Spec:
     state: str = ""
     pending: int = 0
     cancelled_by: int | None = None
-    children: list[_Spec] = field(default_factory=list)
 
 
 class Batch:
@@ -164,14 +173,17 @@ class Batch:
             raise InvalidJobError(f"job type must be a non-empty string of <= 200 chars: {type!r}")
         if not isinstance(args, dict):
             raise InvalidJobError(f"args must be a dict, got {args.__class__.__name__}")
-        check_json(args, f"args of {type!r}")
+        try:  # (not check_json: its message would be formatted on every call)
+            args_json = _ENCODE(args)
+        except (TypeError, ValueError) as exc:
+            raise NotJSONError(f"args of {type!r} is not JSON-serializable: {exc}") from None
         group = self._q.default_group if group is None else group
         if not isinstance(group, str) or not group or len(group) > 200:
             raise InvalidJobError(f"group must be a non-empty string of <= 200 chars: {group!r}")
-        if not _is_int(weight) or weight < 1:
-            raise InvalidJobError(f"weight must be an int >= 1: {weight!r}")
-        if not _is_int(priority):
-            raise InvalidJobError(f"priority must be an int: {priority!r}")
+        if not _is_int(weight) or not 1 <= weight <= MAX_INT:
+            raise InvalidJobError(f"weight must be a (32-bit) int >= 1: {weight!r}")
+        if not _is_int(priority) or not -MAX_INT <= priority <= MAX_INT:
+            raise InvalidJobError(f"priority must be a (32-bit) int: {priority!r}")
         handler = self._q._handlers.get(type)
         if timeout is None and handler is not None:
             timeout = handler.timeout
@@ -183,8 +195,8 @@ class Batch:
             max_attempts = (handler.max_attempts if handler is not None else None) or (
                 self._q.max_attempts
             )
-        if not _is_int(max_attempts) or max_attempts < 1:
-            raise InvalidJobError(f"max_attempts must be an int >= 1: {max_attempts!r}")
+        if not _is_int(max_attempts) or not 1 <= max_attempts <= MAX_INT:
+            raise InvalidJobError(f"max_attempts must be a (32-bit) int >= 1: {max_attempts!r}")
         if key is not None and (not isinstance(key, str) or not key or len(key) > 255):
             raise InvalidJobError(f"key must be a non-empty string of <= 255 chars: {key!r}")
         if isinstance(run_after, (int, float)) and not isinstance(run_after, bool):
@@ -194,14 +206,16 @@ class Batch:
                 f"run_after must be a timedelta, datetime or seconds: {run_after!r}"
             )
         deps = list(depends_on)
-        for d in [*deps, *([parent] if parent is not None else [])]:
+        for d in deps:
             self._check_ref(d)
-        if parent is not None and isinstance(parent, JobRef) and not parent.is_container:
-            raise InvalidJobError(f"parent {parent!r} is not a container")
+        if parent is not None:
+            self._check_ref(parent)
+            if isinstance(parent, JobRef) and not parent.is_container:
+                raise InvalidJobError(f"parent {parent!r} is not a container")
         ref = JobRef(self, len(self._specs), type, is_container)
         self._specs.append(
             _Spec(
-                ref, type, args, group, int(weight), int(priority),
+                ref, type, args_json, group, int(weight), int(priority),
                 None if timeout is None else float(timeout), int(max_attempts), key,
                 run_after, deps, parent, is_container,
             )
@@ -291,16 +305,110 @@ async def insert_specs(
             return ("n", r._index)
         return ("e", ext_id(r))
 
-    for s in fresh:  # the same upstream listed twice is one edge
-        s.depends_on = list({node(d): d for d in s.depends_on}.values())
+    def resolve(r: Ref) -> int:
+        kind, k = node(r)
+        return by_index[k].ref.id if kind == "n" else k
 
-    # 2. existing jobs that are referenced: lock them (a finalize updates them too, and must
-    #    either see our edges or finish before we read its state) and read them.
+    by_index = {s.ref._index: s for s in fresh}
+    existing: dict[int, Any] = {}
+    ups: set[tuple[str, int]] = set()
+    # A batch without edges or parents (the common bulk load) has nothing to lock, cannot
+    # form a cycle and is one level: skip the graph work below.
+    graph = any(s.depends_on or s.parent is not None for s in fresh)
+    if graph:
+        levels = await _plan_graph(q, conn, fresh, node, existing, ups)
+    else:
+        for s in fresh:
+            s.state = (S.ACTIVE if s.is_container
+                       else S.SCHEDULED if s.run_after is not None else S.READY)
+        levels = [fresh]
+
+    any_ready = any(s.state == S.READY for s in fresh)
+    wake = any_ready  # the wake-up rides on the first INSERT where the dialect can (below)
+    # (a level of more than BULK_ROWS goes in slices: bounded statement and parameter size)
+    levels = [lvl[i : i + BULK_ROWS] for lvl in levels for i in range(0, len(lvl), BULK_ROWS)]
+    for level in levels:
+        n = len(level)
+        if graph:
+            parents = [resolve(s.parent) if s.parent is not None else None for s in level]
+            flagged = [node(s.ref) in ups for s in level]
+            errors = [
+                json.dumps({"type": "UpstreamFailed", "message": f"upstream {s.cancelled_by} "
+                            f"{existing[s.cancelled_by].state}"})
+                if s.state == S.CANCELLED and s.cancelled_by else None
+                for s in level
+            ]
+        else:
+            parents, flagged, errors = [None] * n, [False] * n, [None] * n
+        cols = _columns(level, parents, flagged, errors)
+        ids = None if q._force_insert_fallback else await q._ops.insert_jobs(conn, cols, wake)
+        if ids is not None:
+            wake = False  # sent by the bulk statement
+        else:
+            ids = await _insert_rows(q, conn, _rows(cols), wake)
+            wake = wake and q._ops.notify_expr() is None
+        for s, new_id in zip(level, ids, strict=True):
+            s.ref._id = new_id
+    if graph:
+        edges = [{"job_id": s.ref.id, "depends_on_id": resolve(d)}
+                 for s in fresh for d in s.depends_on]
+        for i in range(0, len(edges), CHUNK * 5):
+            await conn.execute(insert(D), edges[i : i + CHUNK * 5])
+    groups = sorted({s.group for s in fresh if not s.is_container})
+    if groups:
+        await q._ensure_groups(conn, groups)
+    # containers that start active with no children are finished at once (roll-up).
+    empty = [s.ref.id for s in fresh if s.is_container and s.state == S.ACTIVE]
+    if empty:
+        # finished at once: release what waits on them (and roll up their parents) too
+        await q._completer.settle(conn, await q._completer.rollup(conn, empty))
+    if wake:
+        await q._ops.notify(conn)
+    return [s.ref.id for s in specs], any_ready
+
+
+async def insert_alone(q: JobQueue, specs: Sequence[_Spec]) -> tuple[list[int], bool] | None:
+    """Plain jobs (JobQueue._lone_insert: no key, edge, parent or container, a known group)
+    as one bulk statement of their own, in autocommit: one round trip and none of the
+    planning above. Returns (ids, any_ready) like insert_specs, or None where the dialect
+    has no such statement (then the caller runs a transaction)."""
+    if q._force_insert_fallback:
+        return None
+    n = len(specs)
+    for s in specs:
+        s.state = S.SCHEDULED if s.run_after is not None else S.READY
+    any_ready = any(s.state == S.READY for s in specs)
+    cols = _columns(specs, [None] * n, [False] * n, [None] * n)
+    ids = await q._ops.insert_jobs_alone(q.engine, cols, any_ready)
+    if ids is None:
+        return None
+    for s, new_id in zip(specs, ids, strict=True):
+        s.ref._id = new_id
+    return ids, any_ready
+
+
+async def _plan_graph(
+    q: JobQueue,
+    conn: AsyncConnection,
+    fresh: Sequence[_Spec],
+    node: Any,
+    existing: dict[int, Any],
+    ups: set[tuple[str, int]],
+) -> list[list[_Spec]]:
+    """Lock and read the existing jobs the batch refers to (into ``existing``), reject
+    cycles, set each fresh spec's state and pending counter, flag every upstream (into
+    ``ups``) and return the fresh specs in insert levels (parents before children)."""
+    J = q._t.jobs
+    for s in fresh:  # the same upstream listed twice is one edge
+        if len(s.depends_on) > 1:
+            s.depends_on = list({node(d): d for d in s.depends_on}.values())
+
+    # Existing jobs that are referenced: lock them (a finalize updates them too, and must
+    # either see our edges or finish before we read its state) and read them.
     ext_ids = sorted(
         {k for s in fresh for r in [*s.depends_on, *([s.parent] if s.parent else [])]
          for kind, k in [node(r)] if kind == "e"}
     )
-    existing: dict[int, Any] = {}
     for i in range(0, len(ext_ids), CHUNK):
         stmt = q._ops.for_update(
             select(J.c.id, J.c.kind, J.c.state)
@@ -323,8 +431,7 @@ async def insert_specs(
 
     await _check_cycles(q, conn, fresh, node)
 
-    # 3. states and pending counters, parents and upstreams first.
-    by_index = {s.ref._index: s for s in fresh}
+    # States and pending counters, parents and upstreams first.
     order = _parent_first(fresh, node)
     state: dict[tuple[str, int], str] = {("e", i): r.state for i, r in existing.items()}
     cause: dict[tuple[str, int], int] = {("e", i): i for i, r in existing.items()
@@ -356,7 +463,7 @@ async def insert_specs(
             s.state = S.SCHEDULED if s.run_after is not None else S.READY
         state[n] = s.state
 
-    # 4. insert jobs level by level (a child's parent_id must be known), then the edges.
+    # Insert level by level (a child's parent_id must be known).
     levels: dict[int, list[_Spec]] = defaultdict(list)
     depth: dict[int, int] = {}
     for s in order:
@@ -364,79 +471,95 @@ async def insert_specs(
         depth[s.ref._index] = depth[up[1]] + 1 if up is not None and up[0] == "n" else 0
         levels[depth[s.ref._index]].append(s)
 
-    def resolve(r: Ref) -> int:
-        kind, k = node(r)
-        return by_index[k].ref.id if kind == "n" else k
-
     # Flag every upstream (under the row locks taken above for existing ones): a finalize
     # that finds the flag unset knows no edge can be waiting on it (completer.finish_fast).
-    ups = {node(d) for s in fresh for d in s.depends_on}
+    ups.update(node(d) for s in fresh for d in s.depends_on)
     live_ups = sorted(k for kind, k in ups if kind == "e" and existing[k].state not in S.TERMINAL)
     for i in range(0, len(live_ups), CHUNK):
         await conn.execute(update(J).where(J.c.id.in_(live_ups[i : i + CHUNK]))
                            .values(has_dependents=True))
+    return [levels[d] for d in sorted(levels)]
 
-    any_ready = any(s.state == S.READY for s in fresh)
-    wake = any_ready  # the wake-up rides on the first INSERT where the dialect can (below)
-    for d in sorted(levels):
-        new_rows: list[dict[str, Any]] = []
-        for s in levels[d]:
-            # Times come from the database clock inside the INSERT itself (no extra trip):
-            # "_delay" seconds from now, or an absolute "run_after".
-            delay: float | None = 0.0
-            run_after: datetime | None = None
-            if isinstance(s.run_after, timedelta):
-                delay = s.run_after.total_seconds()
-            elif isinstance(s.run_after, datetime):
-                ra = s.run_after
-                delay, run_after = None, ra if ra.tzinfo else ra.replace(tzinfo=UTC)
-            dead = s.state == S.CANCELLED
-            new_rows.append(
-                {
-                    "type": s.type,
-                    "kind": S.CONTAINER if s.is_container else S.JOB,
-                    "state": s.state,
-                    "args": s.args,
-                    "parent_id": resolve(s.parent) if s.parent is not None else None,
-                    "group_key": s.group,
-                    "weight": s.weight,
-                    "priority": s.priority,
-                    "pending": s.pending,
-                    "run_after": run_after,
-                    "_delay": delay,
-                    "_dead": dead,
-                    "attempts": 0,
-                    "max_attempts": s.max_attempts,
-                    "attempt_limit": s.max_attempts,
-                    "timeout": s.timeout,
-                    "key": s.key,
-                    "live_key": None if dead else s.key,
-                    "cancelled_by": s.cancelled_by,
-                    "has_dependents": node(s.ref) in ups,
-                    "error": (
-                        {"type": "UpstreamFailed", "message": f"upstream {s.cancelled_by} "
-                         f"{existing[s.cancelled_by].state}"} if dead and s.cancelled_by else None
-                    ),
-                }
-            )
-        ids = await _insert_rows(q, conn, new_rows, wake)
-        wake = wake and q._ops.notify_expr() is None
-        for s, new_id in zip(levels[d], ids, strict=True):
-            s.ref._id = new_id
-    edges = [{"job_id": s.ref.id, "depends_on_id": resolve(d)} for s in fresh for d in s.depends_on]
-    for i in range(0, len(edges), CHUNK * 5):
-        await conn.execute(insert(D), edges[i : i + CHUNK * 5])
-    groups = sorted({s.group for s in fresh if not s.is_container})
-    if groups:
-        await q._ensure_groups(conn, groups)
-    # containers that start active with no children are finished at once (roll-up).
-    empty = [s.ref.id for s in fresh if s.is_container and s.state == S.ACTIVE]
-    if empty:
-        # finished at once: release what waits on them (and roll up their parents) too
-        await q._completer.settle(conn, await q._completer.rollup(conn, empty))
-    if wake:
-        await q._ops.notify(conn)
-    return [s.ref.id for s in specs], any_ready
+
+def _columns(
+    level: Sequence[_Spec], parents: list[int | None], flagged: list[bool],
+    errors: list[str | None],
+) -> JobColumns:
+    """One insert level as columns (see DialectOps.insert_jobs): a list per field, not a
+    dict per row, so a bulk path can bind each as one array."""
+    delay: list[float | None] = []
+    run_at: list[datetime | None] = []
+    for s in level:
+        ra = s.run_after
+        if ra is None:
+            delay.append(0.0)
+            run_at.append(None)
+        elif isinstance(ra, timedelta):
+            delay.append(ra.total_seconds())
+            run_at.append(None)
+        else:
+            delay.append(None)
+            run_at.append(ra if ra.tzinfo else ra.replace(tzinfo=UTC))
+    return {
+        "type": [s.type for s in level],
+        "kind": [S.CONTAINER if s.is_container else S.JOB for s in level],
+        "state": [s.state for s in level],
+        "args": [s.args for s in level],
+        "parent_id": parents,
+        "group_key": [s.group for s in level],
+        "weight": [s.weight for s in level],
+        "priority": [s.priority for s in level],
+        "pending": [s.pending for s in level],
+        "max_attempts": [s.max_attempts for s in level],
+        "timeout": [s.timeout for s in level],
+        "key": [s.key for s in level],
+        "cancelled_by": [s.cancelled_by for s in level],
+        "has_dependents": flagged,
+        "error": errors,
+        "delay": delay,
+        "run_at": run_at,
+        "dead": [s.state == S.CANCELLED for s in level],
+    }
+
+
+def _rows(cols: JobColumns) -> list[dict[str, Any]]:
+    """Columns back to the per-row parameters of the generic executemany insert."""
+    out = []
+    for i in range(len(cols["type"])):
+        dead = cols["dead"][i]
+        out.append({
+            "type": cols["type"][i],
+            "kind": cols["kind"][i],
+            "state": cols["state"][i],
+            "args_json": cols["args"][i],
+            "parent_id": cols["parent_id"][i],
+            "group_key": cols["group_key"][i],
+            "weight": cols["weight"][i],
+            "priority": cols["priority"][i],
+            "pending": cols["pending"][i],
+            "run_after": cols["run_at"][i],
+            "_delay": cols["delay"][i],
+            "_dead": dead,
+            "attempts": 0,
+            "max_attempts": cols["max_attempts"][i],
+            "attempt_limit": cols["max_attempts"][i],
+            "timeout": cols["timeout"][i],
+            "key": cols["key"][i],
+            "live_key": None if dead else cols["key"][i],
+            "cancelled_by": cols["cancelled_by"][i],
+            "has_dependents": cols["has_dependents"][i],
+            "error_json": cols["error"][i],
+        })
+    return out
+
+
+def _insert_stmt(q: JobQueue, **values: Any) -> Any:
+    """INSERT into jobs with args/error bound as the JSON text encoded at add() (no second
+    encoding by the JSON type)."""
+    as_json = q._ops.json_param
+    return insert(q._t.jobs).values(
+        args=as_json("args_json"), error=as_json("error_json"), **values
+    )
 
 
 def _with_times(row: dict[str, Any], now: Any) -> dict[str, Any]:
@@ -460,18 +583,20 @@ async def _shapes(
     """Split rows into statement shapes: (row indexes, INSERT, executemany params). The
     common rows take their times from the database clock inside the INSERT; the rare ones
     (absolute run_after, born cancelled) a clock read once."""
-    J = q._t.jobs
     common = [i for i, r in enumerate(rows) if r["_delay"] is not None and not r["_dead"]]
     rare = [i for i, r in enumerate(rows) if r["_delay"] is None or r["_dead"]]
     out: list[tuple[list[int], Any, list[dict[str, Any]]]] = []
     if common:
-        stmt = insert(J).values(created_at=db_now(), finished_at=None,
-                                run_after=utcnow_plus(bindparam("_delay")))
+        stmt = q._stmts.get("insert_common")
+        if stmt is None:
+            stmt = q._stmts["insert_common"] = _insert_stmt(
+                q, created_at=db_now(), finished_at=None, run_after=utcnow_plus(bindparam("_delay"))
+            )
         out.append((common, stmt, [{k: v for k, v in rows[i].items()
                                     if k not in ("_dead", "run_after")} for i in common]))
     if rare:
         now = (await conn.execute(select(db_now()))).scalar_one()
-        out.append((rare, insert(J), [_with_times(rows[i], now) for i in rare]))
+        out.append((rare, _insert_stmt(q), [_with_times(rows[i], now) for i in rare]))
     return out
 
 

@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 
 from . import schema as S
-from .batch import MAX_ID, Batch, JobRef, _Spec, insert_specs
+from .batch import MAX_ID, Batch, JobRef, _Spec, insert_alone, insert_specs
 from .completer import Completer
 from .dialects.base import DialectOps, dialect_for, engine_kwargs_for
 from .errors import (
@@ -209,6 +209,8 @@ class JobQueue:
     async def close(self) -> None:
         """Dispose of the engine aiojobqueue created (a passed-in engine is left alone)."""
         engine, self._engine = self._engine, None
+        if engine is not None:
+            await self._ops.release()
         if engine is not None and self._owns_engine:
             await engine.dispose()
 
@@ -312,13 +314,13 @@ class JobQueue:
             return ids
         if self._ops.autocommit_insert and self._lone_insert(specs):
             # One INSERT statement does it all (times from the database clock, the wake-up
-            # in its RETURNING): it is atomic by itself, so skip BEGIN and COMMIT.
-            async with self.engine.connect() as conn:
-                conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
-                ids, any_ready = await insert_specs(self, conn, specs)
-            if any_ready and self._worker is not None:
-                self._worker.wake.set()
-            return ids
+            # in the same statement): it is atomic by itself, so skip BEGIN and COMMIT.
+            done = await insert_alone(self, specs)
+            if done is not None:
+                ids, any_ready = done
+                if any_ready and self._worker is not None:
+                    self._worker.wake.set()
+                return ids
         for attempt in range(3):
             try:
                 ids, any_ready = await self._write(lambda conn: insert_specs(self, conn, specs))

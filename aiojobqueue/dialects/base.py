@@ -10,13 +10,37 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar
 
-from sqlalchemy import Select, Table, bindparam, select
+from sqlalchemy import Select, Table, Text, bindparam, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..schema import Tables
 
 WakeCallback = Callable[[str], None]
+
+#: Jobs to insert as one list per field (see DialectOps.insert_jobs): type, kind, state,
+#: args (JSON text), parent_id, group_key, weight, priority, pending, max_attempts, timeout,
+#: key, cancelled_by, has_dependents, error (JSON text or None); and the times: delay
+#: (seconds from the database's now, or None) or run_at (an absolute run_after); dead (born
+#: cancelled: finished now, no live_key). attempts start at 0, attempt_limit = max_attempts.
+JobColumns = dict[str, list[Any]]
+JOB_FIELDS = (
+    "type", "kind", "state", "args", "parent_id", "group_key", "weight", "priority", "pending",
+    "max_attempts", "timeout", "key", "cancelled_by", "has_dependents", "error", "delay",
+    "run_at", "dead",
+)
+
+
+def varying_fields(cols: JobColumns) -> frozenset[str]:
+    """The fields whose value is not the same on every row (a bulk statement binds the
+    others once). With more than one row, args always counts as varying, so the statement
+    always has one per-row field to number its rows by."""
+    n = len(cols["args"])
+    if n == 1:
+        return frozenset()
+    return frozenset(
+        name for name, vals in cols.items() if name == "args" or vals.count(vals[0]) != n
+    )
 
 
 class Listener(ABC):
@@ -123,6 +147,31 @@ class DialectOps(ABC):
 
     @abstractmethod
     def _is_transient(self, exc: BaseException) -> bool: ...
+
+    async def insert_jobs_alone(
+        self, engine: AsyncEngine, cols: JobColumns, wake: bool
+    ) -> list[int] | None:
+        """insert_jobs as a statement of its own in autocommit (only asked where
+        ``autocommit_insert``): the jobs exist once it returns. None: no bulk path here (and
+        nothing was written)."""
+        async with engine.connect() as conn:
+            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+            return await self.insert_jobs(conn, cols, wake)
+
+    async def release(self) -> None:  # noqa: B027 - optional hook
+        """Give back what the dialect holds between calls (JobQueue.close)."""
+
+    def json_param(self, name: str) -> Any:
+        """A bind parameter for a JSON column that takes already encoded JSON text."""
+        return bindparam(name, type_=Text())
+
+    async def insert_jobs(
+        self, conn: AsyncConnection, cols: JobColumns, wake: bool
+    ) -> list[int] | None:
+        """Insert jobs in one bulk statement and return their ids in order, sending the
+        wake-up from that statement when ``wake``; or None where the dialect has no bulk path
+        (batch.py then runs SQLAlchemy's executemany INSERT)."""
+        return None
 
 
 def dialect_for(engine: AsyncEngine, tables: Tables) -> DialectOps:
