@@ -141,11 +141,10 @@ async def test_lone_enqueue_errors_are_wrapped_and_the_pool_survives(queue: JobQ
         assert (await queue.get(await queue.enqueue("t", {"i": i}))).args == {"i": i}
 
 
+@pytest.mark.parametrize("db", ["postgresql"], indirect=True)  # kills PostgreSQL backends
 async def test_lone_enqueue_after_the_server_dropped_the_pool(
     queue: JobQueue, db: str
 ) -> None:
-    if db != "postgresql":
-        pytest.skip("kills PostgreSQL backends")
     await queue.enqueue("t", {})
     before = await counts(queue)
     # Check out a few links at once and note their backends: they go back to the pool.
