@@ -313,7 +313,8 @@ class Worker:
                 # With no backlog, a finalize that may release jobs (a dependent, a
                 # container's next child) goes first, so this round's claim already sees
                 # them: a DAG's critical path takes one round per step, not two.
-                if want and (self._backlog or not any(self._frees(o) for o in batch)):
+                if want and self.q._ops.parallel_writes and (
+                        self._backlog or not any(self._frees(o) for o in batch)):
                     claiming = asyncio.ensure_future(self._claim_round(want, types or [], quick))
                 wrote = not batch or await self._write_outcomes(batch)
             if want and claiming is None:

@@ -65,6 +65,9 @@ class DialectOps(ABC):
     #: run in autocommit: no BEGIN / COMMIT round trips. Where a round trip is cheap (SQLite)
     #: it joins the caller's transaction instead, one commit for all.
     autocommit_writes: ClassVar[bool] = False
+    #: Two write transactions of one worker may run at once (a round's finalize and claim).
+    #: Not on SQLite: one writer at a time, the second would only wait for the lock.
+    parallel_writes: ClassVar[bool] = True
 
     def __init__(self, tables: Tables) -> None:
         self.t = tables

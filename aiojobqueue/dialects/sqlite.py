@@ -33,6 +33,7 @@ class SQLiteOps(DialectOps):
     # round while other processes sit in the busy handler's back-off, so it would end up
     # hoarding the queue. Rounds stay batched (finalize + claim per commit) without it.
     prefetch = False
+    parallel_writes = False
 
     def prepare_engine(self, engine: AsyncEngine) -> AsyncEngine:
         sync_engine = engine.sync_engine
