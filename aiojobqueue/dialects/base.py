@@ -6,6 +6,7 @@ the database only through SQLAlchemy Core plus the hooks below.
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar
@@ -41,6 +42,24 @@ def varying_fields(cols: JobColumns) -> frozenset[str]:
     return frozenset(
         name for name, vals in cols.items() if name == "args" or vals.count(vals[0]) != n
     )
+
+
+def json_rows_params(cols: JobColumns, varying: list[str]) -> dict[str, Any]:
+    """Parameters of a JSON-rows bulk INSERT (SQLite json_each, MariaDB JSON_TABLE): every
+    constant field bound once, the varying ones as one JSON array of rows, ``rows``."""
+    params = {name: vals[0] for name, vals in cols.items() if name not in varying}
+    params["rows"] = json.dumps(list(zip(*(cols[name] for name in varying), strict=True)))
+    return params
+
+
+async def run_bulk_insert(
+    conn: AsyncConnection, sql: str, params: dict[str, Any], n: int
+) -> list[int]:
+    """Run a bulk INSERT ... RETURNING id of ``n`` rows; the ids sorted (drawn in row order)."""
+    got = sorted(r[0] for r in await conn.exec_driver_sql(sql, params))
+    if len(got) != n:  # pragma: no cover - defensive
+        raise RuntimeError("bulk INSERT returned the wrong number of ids")
+    return got
 
 
 class Listener(ABC):

@@ -7,7 +7,6 @@ RETURNING here, so the claim reads the rows it locked before updating them.
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any
@@ -17,7 +16,14 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..errors import UnsupportedDatabaseError
-from .base import JOB_FIELDS, DialectOps, JobColumns, varying_fields
+from .base import (
+    JOB_FIELDS,
+    DialectOps,
+    JobColumns,
+    json_rows_params,
+    run_bulk_insert,
+    varying_fields,
+)
 
 # deadlock, lock wait timeout, snapshot conflict, server gone / lost / unreachable
 _TRANSIENT = {1213, 1205, 1020, 2006, 2013, 2003, 1927, 4031}
@@ -98,8 +104,7 @@ class MySQLOps(DialectOps):
         enc = dict(cols, run_at=[None if t is None else _naive_utc(t) for t in cols["run_at"]],
                    has_dependents=[int(v) for v in cols["has_dependents"]],
                    dead=[int(v) for v in cols["dead"]])
-        params = {name: vals[0] for name, vals in enc.items() if name not in varying}
-        params["rows"] = json.dumps(list(zip(*(enc[name] for name in varying), strict=True)))
+        params = json_rows_params(enc, varying)
         n = len(cols["args"])
         if len(params["rows"]) > self.MAX_DOCUMENT and n > 1:  # big args: halve the slice
             first = await self.insert_jobs(
@@ -107,10 +112,7 @@ class MySQLOps(DialectOps):
             rest = await self.insert_jobs(
                 conn, {name: vals[n // 2 :] for name, vals in cols.items()}, False)
             return None if first is None or rest is None else first + rest
-        got = sorted(r[0] for r in await conn.exec_driver_sql(sql, params))
-        if len(got) != n:  # pragma: no cover - defensive
-            raise RuntimeError("bulk INSERT returned the wrong number of ids")
-        return got
+        return await run_bulk_insert(conn, sql, params, n)
 
     @cached_property
     def _bulk_sql(self) -> dict[tuple[str, ...], str]:

@@ -8,7 +8,6 @@ busy timeout turns "database is locked" into a wait (retried further up if it st
 from __future__ import annotations
 
 import asyncio
-import json
 import sqlite3
 from functools import cached_property
 from typing import Any
@@ -20,7 +19,16 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..timeutil import _EPOCH
-from .base import JOB_FIELDS, DialectOps, JobColumns, Listener, WakeCallback, varying_fields
+from .base import (
+    JOB_FIELDS,
+    DialectOps,
+    JobColumns,
+    Listener,
+    WakeCallback,
+    json_rows_params,
+    run_bulk_insert,
+    varying_fields,
+)
 
 BUSY_TIMEOUT_MS = 30_000
 #: How often an idle worker looks for commits made by other connections.
@@ -98,12 +106,8 @@ class SQLiteOps(DialectOps):
         # run_after is stored as epoch seconds (timeutil.UTCDateTime)
         cols = dict(cols, run_at=[None if t is None else (t - _EPOCH).total_seconds()
                                   for t in cols["run_at"]])
-        params = {name: vals[0] for name, vals in cols.items() if name not in varying}
-        params["rows"] = json.dumps(list(zip(*(cols[name] for name in varying), strict=True)))
-        got = sorted(r[0] for r in await conn.exec_driver_sql(sql, params))
-        if len(got) != len(cols["args"]):  # pragma: no cover - defensive
-            raise RuntimeError("bulk INSERT returned the wrong number of ids")
-        return got
+        return await run_bulk_insert(conn, sql, json_rows_params(cols, varying),
+                                     len(cols["args"]))
 
     @cached_property
     def _bulk_sql(self) -> dict[tuple[str, ...], str]:
