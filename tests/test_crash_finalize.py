@@ -26,6 +26,15 @@ def serving_queue(url: str, prefix: str, **kw: Any) -> JobQueue:
     return JobQueue(url, **{**opts, **kw})
 
 
+def watched_queue(url: str, prefix: str) -> tuple[JobQueue, list[str]]:
+    """A serving queue and the list of its ``done`` / ``discarded`` events, in order."""
+    q = serving_queue(url, prefix)
+    events: list[str] = []
+    q.on("done", lambda e: events.append("done"))
+    q.on("discarded", lambda e: events.append("discarded"))
+    return q, events
+
+
 @SERVERS
 async def test_finalize_write_failure_is_retried(
     make_queue: Callable[..., JobQueue], db_url: str, prefix: str,
@@ -33,11 +42,8 @@ async def test_finalize_write_failure_is_retried(
 ) -> None:
     caplog.set_level(logging.WARNING, "aiojobqueue")
     async with make_queue() as observer, TcpProxy.for_url(db_url) as px:
-        q = serving_queue(px.url(db_url), prefix)
+        q, events = watched_queue(px.url(db_url), prefix)
         calls: list[int] = []
-        events: list[str] = []
-        q.on("done", lambda e: events.append("done"))
-        q.on("discarded", lambda e: events.append("discarded"))
 
         @q.handler("step")
         async def step(ctx: JobContext) -> dict[str, int]:
@@ -69,11 +75,8 @@ async def test_commit_whose_answer_was_lost_is_finalized_once(
 ) -> None:
     caplog.set_level(logging.WARNING, "aiojobqueue")
     async with make_queue() as observer, TcpProxy.for_url(db_url) as px:
-        q = serving_queue(px.url(db_url), prefix)
+        q, events = watched_queue(px.url(db_url), prefix)
         calls: list[int] = []
-        events: list[str] = []
-        q.on("done", lambda e: events.append("done"))
-        q.on("discarded", lambda e: events.append("discarded"))
         marker = "AMBIGUOUS-7f3a9c"
 
         @q.handler("step")
@@ -112,11 +115,8 @@ async def test_one_statement_finalize_whose_answer_was_lost_is_finalized_once(
     twice, and reported done (not discarded)."""
     caplog.set_level(logging.WARNING, "aiojobqueue")
     async with make_queue() as observer, TcpProxy.for_url(db_url) as px:
-        q = serving_queue(px.url(db_url), prefix)
+        q, events = watched_queue(px.url(db_url), prefix)
         calls: list[int] = []
-        events: list[str] = []
-        q.on("done", lambda e: events.append("done"))
-        q.on("discarded", lambda e: events.append("discarded"))
 
         @q.handler("step")
         async def step(ctx: JobContext) -> None:
