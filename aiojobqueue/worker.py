@@ -314,7 +314,7 @@ class Worker:
                 # container's next child) goes first, so this round's claim already sees
                 # them: a DAG's critical path takes one round per step, not two.
                 if want and self.q._ops.parallel_writes and (
-                        self._backlog or not any(self._frees(o) for o in batch)):
+                        self._backlog or all(self._alone(o) for o in batch)):
                     claiming = asyncio.ensure_future(self._claim_round(want, types or [], quick))
                 wrote = not batch or await self._write_outcomes(batch)
             if want and claiming is None:
@@ -327,10 +327,12 @@ class Worker:
         got = await claiming if claiming is not None else []
         return wrote and got is not None, got or []
 
-    def _frees(self, o: Outcome) -> bool:
-        """Whether finalizing ``o`` may make other jobs runnable."""
+    def _alone(self, o: Outcome) -> bool:
+        """Whether ``o``'s job had no parent and no dependents when leased: finalizing it
+        makes no other job runnable (the finalize re-checks under the row lock)."""
         r = self.running.get(o.job_id)
-        return r is None or r.claimed.parent_id is not None or r.claimed.has_dependents
+        return (r is not None and r.claimed.attempt == o.attempt
+                and r.claimed.parent_id is None and not r.claimed.has_dependents)
 
     async def _claim_round(self, want: int, types: list[str], quick: bool) -> list[Claimed] | None:
         """Lease up to ``want`` jobs into the buffer; None if the claim failed (back off).
@@ -394,43 +396,23 @@ class Worker:
         return True
 
     async def _finalize(self, batch: list[Outcome]) -> list[Outcome]:
-        """Write ``batch``; returns the outcomes that took effect. Successes of jobs that no
-        edge waits on and no container holds go in one statement (completer.finish_fast: in
-        autocommit where the dialect allows, one round trip); the rest, and any of those the
+        """Write ``batch``; returns the outcomes that took effect. Where single statements run
+        in autocommit, successes without a result of jobs nothing waits on go in one
+        statement (completer.finish_fast: one round trip); the rest, and any of those the
         statement skipped, are fenced and settled in one transaction. Not retried (see
         _flush); a failure leaves the whole batch to be written again, and outcomes that did
         commit are then recognised by _committed_before."""
         q = self.q
-        fast = [o for o in batch if self._plain(o)] if q._ops.update_returning else []
+        fast = ([o for o in batch if o.kind == "done" and o.result is None and self._alone(o)]
+                if q._ops.autocommit_writes else [])
         if not fast:
             return await q._write(partial(_finish, q, outcomes=batch), retries=0)
-
-        def split(took: set[tuple[int, int]]) -> tuple[list[Outcome], list[Outcome]]:
-            done = [o for o in fast if (o.job_id, o.attempt) in took]
-            keys = {(o.job_id, o.attempt) for o in done}
-            return done, [o for o in batch if (o.job_id, o.attempt) not in keys]
-
-        if q._ops.autocommit_writes:
-            applied, rest = split(await q._autocommit(
-                partial(q._completer.finish_fast, outcomes=fast)))
-            if rest:
-                applied += await q._write(partial(_finish, q, outcomes=rest), retries=0)
-            return applied
-
-        async def together(conn: Any) -> list[Outcome]:
-            applied, rest = split(await q._completer.finish_fast(conn, fast))
-            return applied + (await q._completer.finish_detailed(conn, rest) if rest else [])
-
-        return await q._write(together, retries=0)
-
-    def _plain(self, o: Outcome) -> bool:
-        """A success without a result, of a job that had no parent and no dependents when
-        leased (finish_fast re-checks both under the row lock)."""
-        if o.kind != "done" or o.result is not None:
-            return False
-        r = self.running.get(o.job_id)
-        return (r is not None and r.claimed.attempt == o.attempt
-                and r.claimed.parent_id is None and not r.claimed.has_dependents)
+        took = await q._autocommit(partial(q._completer.finish_fast, outcomes=fast))
+        applied = [o for o in fast if (o.job_id, o.attempt) in took]
+        rest = [o for o in batch if (o.job_id, o.attempt) not in took]
+        if rest:
+            applied += await q._write(partial(_finish, q, outcomes=rest), retries=0)
+        return applied
 
     async def _flushed(self, batch: list[Outcome], applied: list[Outcome]) -> None:
         """Bookkeeping after ``batch`` was written: forget, report, wake waiters."""
