@@ -310,6 +310,11 @@ class Worker:
             async with self.flush_lock:
                 n = 1 if self.one_by_one else len(self.outbox)
                 batch, self.outbox = self.outbox[:n], self.outbox[n:]
+                if batch and want and self.q._ops.local_commit:
+                    leased: list[Claimed] = []
+                    wrote = await self._write_outcomes(batch, partial(
+                        self._finalize_and_claim, batch, want, types or [], quick, leased))
+                    return wrote, leased
                 # With no backlog, a finalize that may release jobs (a dependent, a
                 # container's next child) goes first, so this round's claim already sees
                 # them: a DAG's critical path takes one round per step, not two.
@@ -366,9 +371,39 @@ class Worker:
         self.buffer.extend((c, t0) for c in got)
         return got
 
-    async def _write_outcomes(self, batch: list[Outcome]) -> bool:
+    async def _finalize_and_claim(
+        self, batch: list[Outcome], want: int, types: list[str], quick: bool,
+        got: list[Claimed],
+    ) -> list[Outcome]:
+        """A round in one transaction, where the database runs in this process (SQLite): no
+        commit answer can be lost between the finalize and the claim, so they share one
+        commit. The leased jobs go to the buffer (and ``got``) once it has committed."""
         q = self.q
-        write = asyncio.ensure_future(self._finalize(batch))
+        t0 = time.monotonic()
+        taken: list[Claimed] = []
+
+        async def both(conn: Any) -> list[Outcome]:
+            applied = await q._completer.finish_detailed(conn, batch)
+            taken[:] = await claim(q, conn, want, types, quick)
+            return applied
+
+        self.claiming = True
+        try:
+            applied = await q._write(both, retries=0)
+        finally:
+            self.claiming = False
+        self.buffer.extend((c, t0) for c in taken)
+        got.extend(taken)
+        return applied
+
+    async def _write_outcomes(
+        self, batch: list[Outcome],
+        write_fn: Callable[[], Awaitable[list[Outcome]]] | None = None,
+    ) -> bool:
+        """Write ``batch`` (with ``write_fn`` if given, else _finalize), shielded from a
+        shutdown; False if it failed (the outcomes are queued again)."""
+        q = self.q
+        write = asyncio.ensure_future(write_fn() if write_fn else self._finalize(batch))
         try:
             try:
                 applied = await asyncio.shield(write)

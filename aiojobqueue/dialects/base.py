@@ -87,6 +87,9 @@ class DialectOps(ABC):
     #: Two write transactions of one worker may run at once (a round's finalize and claim).
     #: Not on SQLite: one writer at a time, the second would only wait for the lock.
     parallel_writes: ClassVar[bool] = True
+    #: The database runs inside this process (SQLite): a commit's answer cannot be lost on
+    #: the way, so a round's finalize and claim may share one transaction (one commit).
+    local_commit: ClassVar[bool] = False
 
     def __init__(self, tables: Tables) -> None:
         self.t = tables

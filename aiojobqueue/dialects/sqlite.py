@@ -42,6 +42,7 @@ class SQLiteOps(DialectOps):
     # hoarding the queue. Rounds stay batched (finalize + claim per commit) without it.
     prefetch = False
     parallel_writes = False
+    local_commit = True
 
     def prepare_engine(self, engine: AsyncEngine) -> AsyncEngine:
         sync_engine = engine.sync_engine
