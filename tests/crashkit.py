@@ -86,6 +86,12 @@ class Fleet:
                 raise AssertionError(f"no {ev} {match} within {timeout}s\n{self.dump()}")
             await asyncio.sleep(0.05)
 
+    async def start_one(self, **opts: Any) -> subprocess.Popen[bytes]:
+        """Spawn a worker and wait until it serves."""
+        p = self.spawn(**opts)
+        await self.ready(p)
+        return p
+
     async def ready(self, p: subprocess.Popen[bytes], timeout: float = 30.0) -> Event:
         return await self.wait_for("ready", timeout, pid=p.pid)
 

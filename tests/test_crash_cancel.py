@@ -17,8 +17,7 @@ async def test_cancel_stops_a_job_running_in_another_process(
 ) -> None:
     async with make_queue() as q:
         fleet = fleet_factory(ttl=2.0, hb=0.4)
-        a = fleet.spawn()
-        await fleet.ready(a)
+        a = await fleet.start_one()
         jid = await q.enqueue("sleep", {"seconds": 60.0})
         dep = await q.enqueue("sleep", {"seconds": 0.0}, depends_on=[jid])
         dep2 = await q.enqueue("sleep", {"seconds": 0.0}, depends_on=[dep])

@@ -32,8 +32,7 @@ async def test_job_three_times_longer_than_lease_completes_once(
 ) -> None:
     async with make_queue() as q:
         fleet = fleet_factory(ttl=2.0, hb=0.4)
-        a = fleet.spawn()
-        await fleet.ready(a)
+        a = await fleet.start_one()
         jid = await q.enqueue("sleep", {"seconds": 6.0})  # 3 x lease_ttl
         await fleet.wait_for("start", job=jid)
         b = fleet.spawn()  # a second worker whose reclaimer would take an expired lease

@@ -58,8 +58,7 @@ async def test_event_loop_blocker_is_reclaimed_and_its_late_result_discarded(
 ) -> None:
     async with make_queue() as q:
         fleet = fleet_factory(ttl=2.0, hb=0.4)
-        a = fleet.spawn()
-        await fleet.ready(a)
+        a = await fleet.start_one()
         jid = await q.enqueue("block", {"seconds": 6.0})  # attempt 1 freezes worker A
         await fleet.wait_for("start", job=jid, attempt=1, pid=a.pid)
         b = fleet.spawn()

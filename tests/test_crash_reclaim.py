@@ -20,8 +20,7 @@ async def test_sigkilled_worker_job_is_reclaimed_elsewhere(
 ) -> None:
     async with make_queue() as q:
         fleet = fleet_factory(ttl=2.0, hb=0.4)
-        a = fleet.spawn()
-        await fleet.ready(a)
+        a = await fleet.start_one()
         jid = await q.enqueue("sleep", {"seconds": 3.0}, max_attempts=3)
         await fleet.wait_for("start", job=jid, attempt=1, pid=a.pid)
         b = fleet.spawn()
@@ -78,8 +77,7 @@ async def test_worker_killed_after_job_end_before_finalize(
     expires and another worker runs the job again; the lost attempt's result never lands."""
     async with make_queue() as q:
         fleet = fleet_factory(ttl=2.0, hb=0.4)
-        a = fleet.spawn()
-        await fleet.ready(a)
+        a = await fleet.start_one()
         jid = await q.enqueue("die_after_end", {})
         await fleet.wait_for("end", job=jid, attempt=1)
         assert a.wait(timeout=10) == -9
