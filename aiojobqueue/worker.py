@@ -673,15 +673,19 @@ class Worker:
         """Expired leases (dead or frozen workers) count as a failed attempt and are retried."""
         q = self.q
         J = q._t.jobs
+        # Never our own: we renew what we run, flush what we ran (after an outage the outcome
+        # may still be queued here) and release orphans ourselves.
+        expired = (J.c.state == lit(S.RUNNING), J.c.lease_expires < db_now(),
+                   J.c.lease_owner != q.worker_id)
+
+        async def any_expired(conn: Any) -> bool:
+            return (await conn.execute(select(J.c.id).where(*expired).limit(1))).first() is not None
+
         while True:
             async def sweep(conn: Any) -> list[JobEvent]:
                 rows = (await conn.execute(q._ops.skip_locked(
                     select(J.c.id, J.c.attempts, J.c.lease_owner, J.c.type, J.c.group_key)
-                    # Never our own: we renew what we run, flush what we ran (after an outage
-                    # the outcome may still be queued here) and release orphans ourselves.
-                    .where(J.c.state == lit(S.RUNNING), J.c.lease_expires < db_now(),
-                           J.c.lease_owner != q.worker_id)
-                    .order_by(J.c.id).limit(500)
+                    .where(*expired).order_by(J.c.id).limit(500)
                 ))).all()
                 outs = [
                     Outcome(r.id, r.attempts, r.lease_owner, "failed", error={
@@ -698,7 +702,10 @@ class Worker:
                     for o in await q._completer.finish_detailed(conn, outs)
                 ]
 
-            events = await q._write(sweep)
+            # Look before taking a write transaction: usually nothing has expired, and on
+            # SQLite a write transaction holds the file's write lock (a handler that froze
+            # this process's event loop meanwhile would keep every other worker out).
+            events = await q._write(sweep) if await q._read(any_expired) else []
             if events:
                 log.warning("reclaimed %d job(s) with expired leases", len(events),
                             extra={"worker": q.worker_id})
