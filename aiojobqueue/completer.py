@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("aiojobqueue.completer")
 CHUNK = 1000
+#: how a statement matches a column against the id list it works on
+IdsMatch = Callable[[Any], Any]
 
 
 def lit(state: str) -> Any:
@@ -89,31 +91,60 @@ class Completer:
         jobs with no parent and no dependents (nothing else to do). Returns (row: id,
         parent_id, has_dependents as updated, attempt); the row values are those of the
         version updated, so an edge committed while the UPDATE waited for the row shows."""
-        J = self.J
-        key = "finish.alone" if alone else "finish.plain"
-        stmt = self.q._stmts.get(key)
-        if stmt is None:
-            cond = [self.q._ops.in_ids_param(J.c.id, "ids"), J.c.state == lit(S.RUNNING),
-                    J.c.attempts == bindparam("a"), J.c.lease_owner == bindparam("o")]
-            if alone:
-                cond += [J.c.has_dependents == false(), J.c.parent_id.is_(None)]
-            stmt = self.q._stmts[key] = (
-                update(J).where(*cond)
-                .values(state=S.DONE, result=None, error=None, finished_at=db_now(),
-                        live_key=None, lease_owner=None, lease_expires=None)
-                .returning(J.c.id, J.c.parent_id, J.c.has_dependents)
-            )
-        by: dict[tuple[int, str], list[int]] = defaultdict(list)
-        for o in outcomes:
-            assert o.kind == "done" and o.result is None
-            by[(o.attempt, o.owner)].append(o.job_id)
+        stmt = self._stmt("finish.alone" if alone else "finish.plain",
+                          lambda: self._plain_stmt(alone))
         out: list[tuple[Any, int]] = []
-        for (a, owner), ids in sorted(by.items()):
-            ids.sort()
+        for (a, owner), ids in _by_attempt(outcomes):
             for i in range(0, len(ids), CHUNK):
                 rows = await conn.execute(stmt, {"ids": ids[i : i + CHUNK], "a": a, "o": owner})
                 out += [(r, a) for r in rows]
         return out
+
+    def _plain_stmt(self, alone: bool, ids: IdsMatch | None = None, attempt: Any = None,
+                    owner: Any = None) -> Any:
+        """The fenced UPDATE of _finish_plain; by default its ids, attempt and owner are bind
+        parameters ``ids``, ``a``, ``o`` (other expressions: the server-side routine's)."""
+        J = self.J
+        match = ids or (lambda col: self.q._ops.in_ids_param(col, "ids"))
+        cond = [match(J.c.id), J.c.state == lit(S.RUNNING),
+                J.c.attempts == (bindparam("a") if attempt is None else attempt),
+                J.c.lease_owner == (bindparam("o") if owner is None else owner)]
+        if alone:
+            cond += [J.c.has_dependents == false(), J.c.parent_id.is_(None)]
+        return (
+            update(J).where(*cond)
+            .values(state=S.DONE, result=None, error=None, finished_at=db_now(),
+                    live_key=None, lease_owner=None, lease_expires=None)
+            .returning(J.c.id, J.c.parent_id, J.c.has_dependents)
+        )
+
+    async def finish_in_one_call(
+        self, conn: AsyncConnection, outcomes: Sequence[Outcome]
+    ) -> set[tuple[int, int]]:
+        """Finish ``done`` outcomes without a result by one call of the server-side routine
+        (PostgreSQL, see PostgresOps.settle_routine) per attempt number: the fenced UPDATE,
+        then the release of their dependents in a statement of its own (a fresh snapshot,
+        taken while this call holds the finished rows locked), all atomic, so it may run in
+        autocommit. The routine declines (changing nothing) where a container must be
+        activated or rolled up; those, and the fenced-out ones, are not in the returned
+        (id, attempt) pairs and go through finish_detailed()."""
+        stmt = self.q._settle_call
+        assert stmt is not None
+        took: set[tuple[int, int]] = set()
+        for (a, owner), ids in _by_attempt(outcomes):
+            for i in range(0, len(ids), CHUNK):
+                got = (await conn.execute(
+                    stmt, {"ids": ids[i : i + CHUNK], "a": a, "o": owner})).scalar()
+                took.update((j, a) for j in got or ())
+        return took
+
+    def settle_routine(self) -> tuple[str, str] | None:
+        """(name, DDL) of the routine behind finish_in_one_call(), built from the very
+        statements finish_detailed() runs; None where the dialect has no such routine."""
+        return self.q._ops.settle_routine(
+            lambda ids, a, o: self._plain_stmt(False, ids, a, o),
+            lambda ids: self._drop_deps_stmt(ids, wake=False),
+        )
 
     async def finish_detailed(
         self, conn: AsyncConnection, outcomes: Sequence[Outcome]
@@ -313,31 +344,34 @@ class Completer:
             ),
         }
 
-    def _unblocked(self) -> list[Any]:
-        """RETURNING of the unblocking statements; where the dialect can, a row that became
-        ready sends the wake-up from inside the statement (no extra round trip; PostgreSQL
-        collapses the repeats of one transaction into one notification)."""
+    def _unblocked(self, wakes: bool = True) -> list[Any]:
+        """RETURNING of the unblocking statements; where the dialect can (and ``wakes``), a
+        row that became ready sends the wake-up from inside the statement (no extra round
+        trip; PostgreSQL collapses the repeats of one transaction into one notification)."""
         J = self.J
         cols: list[Any] = [J.c.id, J.c.kind, J.c.state, J.c.parent_id]
-        wake = self.q._ops.notify_expr()
+        wake = self.q._ops.notify_expr() if wakes else None
         if wake is not None:
             cols.append(case((J.c.state == lit(S.READY), wake)).label("wake"))
         return cols
 
-    def _drop_deps_stmt(self) -> Any:
+    def _drop_deps_stmt(self, ids: IdsMatch | None = None, wake: bool = True) -> Any:
         """One statement: count the edges from the finished ids (read now, after their rows
         were locked and updated), take that many off each waiting dependent, release those
-        left with none; RETURNING every row it changed (all now locked by us)."""
+        left with none; RETURNING every row it changed (all now locked by us). ``ids``:
+        how the finished ids are matched (default: the bind parameter ``ids``); ``wake``:
+        the RETURNING sends the wake-up where the dialect can."""
         J, D = self.J, self.D
+        match = ids or (lambda col: self.q._ops.in_ids_param(col, "ids"))
         # MATERIALIZED: the edge look-up stays an index scan on depends_on_id; grouped in
         # line, PostgreSQL's generic plan may walk the whole deps key when it is skewed.
-        e = (select(D.c.job_id).where(self.q._ops.in_ids_param(D.c.depends_on_id, "ids"))
+        e = (select(D.c.job_id).where(match(D.c.depends_on_id))
              .cte("e").prefix_with("MATERIALIZED"))
         c = select(e.c.job_id, func.count().label("n")).group_by(e.c.job_id).cte("c")
         return (update(J).where(self.q._ops.in_select(J.c.id, select(e.c.job_id)),
                                 J.c.id == c.c.job_id, J.c.state == lit(S.WAITING))
                 .values(**self._unblock(J.c.pending - c.c.n))
-                .returning(*self._unblocked()))
+                .returning(*self._unblocked(wake)))
 
     def _drop_kids_stmt(self) -> Any:
         """One statement: the waiting children of containers that just became active stop
@@ -706,6 +740,15 @@ class Completer:
         if stuck:
             await self.settle(conn, [(jid, S.CANCELLED) for jid in sorted(stuck)])
         return ids
+
+
+def _by_attempt(outcomes: Iterable[Outcome]) -> list[tuple[tuple[int, str], list[int]]]:
+    """Successes without a result, grouped by (attempt, owner): their ids, sorted."""
+    by: dict[tuple[int, str], list[int]] = defaultdict(list)
+    for o in outcomes:
+        assert o.kind == "done" and o.result is None
+        by[(o.attempt, o.owner)].append(o.job_id)
+    return [(k, sorted(ids)) for k, ids in sorted(by.items())]
 
 
 def _cancel_error(cause: int | None, cause_state: str | None = None) -> dict[str, Any]:

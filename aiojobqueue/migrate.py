@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +15,8 @@ from .schema import SCHEMA_VERSION, v2_indexes
 
 if TYPE_CHECKING:
     from .queue import JobQueue
+
+log = logging.getLogger("aiojobqueue.migrate")
 
 
 async def current_version(q: JobQueue) -> int | None:
@@ -118,3 +121,27 @@ async def _v1_to_v2(q: JobQueue) -> None:
                     ix.create(sync_conn)
 
             await conn.run_sync(recreate)
+
+
+async def settle_routine(q: JobQueue, create: bool) -> Any | None:
+    """The call of the dialect's one-call finalize routine (see
+    Completer.finish_in_one_call), creating the routine if it is missing and ``create``;
+    None where the dialect has none, or it is missing and may not be created (the long path
+    is used then: the same effect, more round trips). The routine's name carries a digest
+    of its text, so an aiojobqueue whose statements changed installs (and uses) its own."""
+    spec = q._completer.settle_routine()
+    if spec is None:
+        return None
+    name, ddl = spec
+    async with q.engine.connect() as conn:
+        there = await q._ops.routine_exists(conn, name)
+    if not there and not create:
+        log.info("the routine %s is missing (run `aiojobqueue migrate`): finalizing jobs "
+                    "that others depend on takes more round trips", name)
+        return None
+    if not there:
+        async with q.engine.begin() as conn:
+            await q._ops.lock_gate(conn)  # one process creates it; the others then see it
+            if not await q._ops.routine_exists(conn, name):
+                await conn.exec_driver_sql(ddl)
+    return q._ops.settle_call(name)

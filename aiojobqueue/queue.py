@@ -112,6 +112,8 @@ class JobQueue:
         # Hot statements built once (claim, finalize): no per-round construction and one
         # compiled form each; keyed by their role and shape.
         self._stmts: dict[Any, Any] = {}
+        #: the call of the one-call finalize routine, where installed (see migrate)
+        self._settle_call: Any | None = None
         # Tests force the no-RETURNING insert path (MySQL 8) on MariaDB with this.
         self._force_insert_fallback = False
         self._local_done = asyncio.Event()
@@ -199,9 +201,10 @@ class JobQueue:
         self._engine = ops.prepare_engine(engine)
         self._ops = ops
         try:
-            from .migrate import check, upgrade
+            from .migrate import check, settle_routine, upgrade
 
             await (upgrade(self) if migrate else check(self))
+            self._settle_call = await settle_routine(self, create=migrate)
         except BaseException:
             await self.close()
             raise

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
+    DDL,
     JSON,
     BigInteger,
     Boolean,
@@ -28,6 +29,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
+    event,
     false,
     text,
 )
@@ -170,6 +172,16 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("at", UTCDateTime, nullable=False),
         Index(f"{p}ix_rate", "name", "at"),
     )
+    # The one-call finalize routine (PostgreSQL, see migrate.settle_routine) goes with the
+    # table it writes: whatever its digest, drop_all() leaves none behind.
+    routines = f"{jobs.name}_settle_"
+    drop = DDL(f"""DO $ajq$ DECLARE f regprocedure; BEGIN
+  FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
+           WHERE p.pronamespace = current_schema()::regnamespace
+             AND left(p.proname, {len(routines)}) = '{routines}'
+  LOOP EXECUTE 'DROP FUNCTION ' || f; END LOOP;
+END $ajq$""")  # type: ignore[no-untyped-call]
+    event.listen(jobs, "before_drop", drop.execute_if(dialect="postgresql"))
     return Tables(md, jobs, deps, meta, groups, workers, rate)
 
 

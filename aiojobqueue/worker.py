@@ -433,16 +433,24 @@ class Worker:
     async def _finalize(self, batch: list[Outcome]) -> list[Outcome]:
         """Write ``batch``; returns the outcomes that took effect. Where single statements run
         in autocommit, successes without a result of jobs nothing waits on go in one
-        statement (completer.finish_fast: one round trip); the rest, and any of those the
-        statement skipped, are fenced and settled in one transaction. Not retried (see
+        statement (completer.finish_fast: one round trip), and where the one-call routine is
+        installed (PostgreSQL) so do the other successes without a result, with the release
+        of their dependents (completer.finish_in_one_call); the rest, and any of those the
+        call skipped, are fenced and settled in one transaction. Not retried (see
         _flush); a failure leaves the whole batch to be written again, and outcomes that did
         commit are then recognised by _committed_before."""
         q = self.q
-        fast = ([o for o in batch if o.kind == "done" and o.result is None and self._alone(o)]
-                if q._ops.autocommit_writes else [])
+        plain = ([o for o in batch if o.kind == "done" and o.result is None]
+                 if q._ops.autocommit_writes else [])
+        fast = [o for o in plain if self._alone(o)]
+        if q._settle_call is not None and len(fast) < len(plain):
+            # some have a parent or dependents: the routine settles them in the same call
+            fast, one_call = plain, q._completer.finish_in_one_call
+        else:
+            one_call = q._completer.finish_fast
         if not fast:
             return await q._write(partial(_finish, q, outcomes=batch), retries=0)
-        took = await q._autocommit(partial(q._completer.finish_fast, outcomes=fast))
+        took = await q._autocommit(partial(one_call, outcomes=fast))
         applied = [o for o in fast if (o.job_id, o.attempt) in took]
         rest = [o for o in batch if (o.job_id, o.attempt) not in took]
         if rest:

@@ -1,6 +1,7 @@
 """aiojobqueue's own benchmark scenarios, one command, one table.
 
-    /tmp/peers-venv/bin/python bench/run.py [--n 20000] [--only pg,dag,large,latency,enqueue,sqlite,mariadb]
+    /tmp/peers-venv/bin/python bench/run.py [--n 20000]
+        [--only pg,dag,large,latency,enqueue,sqlite,mariadb]
 
 Run it with the shared peer harness's venv (/tmp/peers-venv: pgqueuer is installed there, and
 aiojobqueue with ``pip install -e .[postgresql,mysql]``). Every figure in one row group is
@@ -289,7 +290,7 @@ async def latency_run(dsn: str, mod: Any, jobs: int = 200, gap: float = 0.02) ->
             await asyncio.wait_for(proc.wait(), 60)
         finally:
             await prod.close()
-        with open(out) as f:
+        with open(out) as f:  # noqa: ASYNC230 - a small file, after the run
             return [x * 1000 for x in json.load(f)["latencies"]]
 
 

@@ -155,6 +155,23 @@ class DialectOps(ABC):
         INSERT can carry it in RETURNING instead of a separate round trip), or None."""
         return None
 
+    def settle_routine(
+        self, finish: Callable[[Any, Any, Any], Any], release: Callable[[Any], Any]
+    ) -> tuple[str, str] | None:
+        """(name, DDL) of a server-side routine that finalizes successes and releases their
+        dependents in one call (see Completer.finish_in_one_call), or None where the dialect
+        has none. ``finish(ids, attempt, owner)`` and ``release(ids)`` build the statements
+        it runs, given the expressions of its own variables."""
+        return None
+
+    def settle_call(self, name: str) -> Any:
+        """The statement that calls the routine ``name`` with ``ids``, ``a``, ``o``."""
+        raise NotImplementedError
+
+    async def routine_exists(self, conn: AsyncConnection, name: str) -> bool:
+        """Whether the routine ``name`` of settle_routine() is installed."""
+        return False
+
     def listener(self, engine: AsyncEngine) -> Listener | None:
         """A push listener, or None where only polling exists."""
         return None

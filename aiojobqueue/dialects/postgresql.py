@@ -4,17 +4,31 @@ and LISTEN/NOTIFY on a dedicated connection outside the pool to wake idle worker
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cached_property
 from typing import Any
 
-from sqlalchemy import BigInteger, Select, Text, any_, bindparam, cast, func, literal, select
+from sqlalchemy import (
+    BigInteger,
+    Integer,
+    Select,
+    Text,
+    any_,
+    bindparam,
+    cast,
+    func,
+    literal,
+    literal_column,
+    select,
+)
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
+from sqlalchemy.sql.functions import Function
 from sqlalchemy.util import greenlet_spawn
 
 from .base import DialectOps, JobColumns, Listener, WakeCallback, varying_fields
@@ -58,6 +72,88 @@ class PostgresOps(DialectOps):
         # Evaluated once per returned row, but NOTIFY collapses identical notifications of
         # one transaction into one.
         return func.pg_notify(self.channel(), "")
+
+    def settle_routine(
+        self, finish: Callable[[Any, Any, Any], Any], release: Callable[[Any], Any]
+    ) -> tuple[str, str]:
+        """A PL/pgSQL function: the fenced done UPDATE, then the release of the dependents of
+        the rows it finished. A VOLATILE function takes a fresh snapshot for each statement
+        (READ COMMITTED), so the release reads every edge committed before the finished rows
+        were locked (the UPDATE holds them), as the two statements of finish_detailed() do
+        in one transaction; an edge added later waits for those locks and then sees the job
+        done. Called in autocommit, the whole call is one transaction and one round trip.
+
+        Where the call would activate a container or may finish one (a parent with no live
+        child job that the call holds locked is locked, then looked at), it raises inside
+        its own block, so everything it did is undone, and returns NULL: the caller then
+        takes the long path, which does roll-ups. Else it returns the ids it finished."""
+        from sqlalchemy.dialects.postgresql.asyncpg import PGDialect_asyncpg
+
+        dialect = PGDialect_asyncpg()  # type: ignore[no-untyped-call]
+
+        def sql(stmt: Any) -> str:
+            return str(stmt.compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
+
+        def ids(var: str) -> Callable[[Any], Any]:
+            return lambda col: col == any_(literal_column(var))
+
+        from ..schema import CONTAINER, LIVE, READY, TERMINAL
+
+        jobs = self.t.jobs.name
+        live = ", ".join(f"'{x}'" for x in LIVE)
+        ended = ", ".join(f"'{x}'" for x in TERMINAL)
+        body = f"""
+DECLARE
+  v_ids bigint[]; v_deps bigint[]; v_parents bigint[];
+  v_busy bigint[] := '{{}}'; v_boxes boolean := false; v_ready boolean := false;
+BEGIN
+  WITH u AS ({sql(finish(ids("p_ids"), literal_column("p_a"), literal_column("p_o")))})
+  SELECT coalesce(array_agg(u.id), '{{}}'),
+         coalesce(array_agg(u.id) FILTER (WHERE u.has_dependents), '{{}}'),
+         coalesce(array_agg(DISTINCT u.parent_id) FILTER (WHERE u.parent_id IS NOT NULL), '{{}}')
+    INTO v_ids, v_deps, v_parents FROM u;
+  IF cardinality(v_deps) > 0 THEN
+    WITH r AS ({sql(release(ids("v_deps")))})
+    SELECT coalesce(array_agg(DISTINCT r.parent_id)
+                      FILTER (WHERE r.kind <> '{CONTAINER}' AND r.parent_id IS NOT NULL), '{{}}'),
+           coalesce(bool_or(r.kind = '{CONTAINER}' AND r.state <> 'waiting'), false),
+           coalesce(bool_or(r.kind <> '{CONTAINER}' AND r.state = '{READY}'), false)
+      INTO v_busy, v_boxes, v_ready FROM r;
+    IF v_boxes THEN
+      RAISE EXCEPTION USING ERRCODE = 'AJQ01';
+    END IF;
+    IF v_ready THEN
+      PERFORM pg_notify('{self.channel()}', '');
+    END IF;
+  END IF;
+  -- a parent with a live child job this call holds locked cannot finish before it commits
+  v_parents := ARRAY(SELECT unnest(v_parents) EXCEPT SELECT unnest(v_busy) ORDER BY 1);
+  IF cardinality(v_parents) > 0 THEN
+    PERFORM 1 FROM {jobs} WHERE id = ANY(v_parents) ORDER BY id FOR UPDATE;
+    IF EXISTS (SELECT 1 FROM {jobs} c WHERE c.id = ANY(v_parents) AND c.state NOT IN ({ended})
+               AND NOT EXISTS (SELECT 1 FROM {jobs} k
+                               WHERE k.parent_id = c.id AND k.state IN ({live}))) THEN
+      RAISE EXCEPTION USING ERRCODE = 'AJQ01';
+    END IF;
+  END IF;
+  RETURN v_ids;
+EXCEPTION WHEN SQLSTATE 'AJQ01' THEN
+  RETURN NULL;
+END"""
+        digest = hashlib.sha1(body.encode()).hexdigest()[:10]
+        name = f"{self.t.jobs.name}_settle_{digest}"
+        ddl = (f"CREATE OR REPLACE FUNCTION {name}(p_ids bigint[], p_a integer, p_o text) "
+               f"RETURNS bigint[] LANGUAGE plpgsql VOLATILE AS $ajq${body}\n$ajq$")
+        return name, ddl
+
+    def settle_call(self, name: str) -> Any:
+        return select(Function(name, bindparam("ids", type_=ARRAY(BigInteger)),
+                               bindparam("a", type_=Integer()), bindparam("o", type_=Text()),
+                               type_=ARRAY(BigInteger)))
+
+    async def routine_exists(self, conn: AsyncConnection, name: str) -> bool:
+        found = await conn.execute(select(func.to_regproc(literal(name, Text())).is_not(None)))
+        return bool(found.scalar())
 
     def listener(self, engine: AsyncEngine) -> Listener:
         return _PgListener(engine, self.channel())

@@ -1,0 +1,216 @@
+"""The one-call finalize (PostgreSQL): a success of a job with dependents or a parent is
+finalized, and its dependents released, by one call of a server-side routine in autocommit.
+
+What must hold: the routine's release reads edges committed while its UPDATE waited for the
+job's row lock (a single statement's snapshot would not); it declines, changing nothing,
+where a container must be activated or rolled up (the long path does those); a lost answer
+neither re-runs nor double-finalizes; without the routine the long path does the same."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
+from tcpproxy import TcpProxy
+from test_crash_finalize import watched_queue
+
+from aiojobqueue import JobContext, JobQueue, JobState
+from aiojobqueue.completer import Completer
+from aiojobqueue.schema import build_tables
+
+PG_ONLY = pytest.mark.parametrize("db", ["postgresql"], indirect=True)
+
+
+@pytest.fixture
+def one_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[int], set[int]]]:
+    """Each call of Completer.finish_in_one_call: (ids given, ids it finished). A spy on
+    which path a finalize took; the calls themselves run unchanged against the database."""
+    seen: list[tuple[list[int], set[int]]] = []
+    real = Completer.finish_in_one_call
+
+    async def spy(self: Completer, conn: Any, outcomes: Any) -> set[tuple[int, int]]:
+        took = await real(self, conn, outcomes)
+        seen.append(([o.job_id for o in outcomes], {i for i, _ in took}))
+        return took
+
+    monkeypatch.setattr(Completer, "finish_in_one_call", spy)
+    return seen
+
+
+async def test_edge_added_while_a_job_with_dependents_finalizes_is_released(
+    make_queue: Callable[..., JobQueue], db: str,
+    one_calls: list[tuple[list[int], set[int]]],
+) -> None:
+    """x has a dependent z (so it is not finished by the one-statement path). While x's
+    finalize waits for x's row lock, another transaction adds y -> x and commits: y must be
+    released with z. On PostgreSQL this is the routine's case: one statement doing both the
+    UPDATE and the release would read the edges with a snapshot from before y's commit."""
+    observer, q = make_queue(), make_queue()
+    started, go = asyncio.Event(), asyncio.Event()
+    order: list[str] = []
+
+    @q.handler("x")
+    async def x(ctx: JobContext) -> None:
+        started.set()
+        await go.wait()
+        order.append("x")
+
+    @q.handler("after")
+    async def after(ctx: JobContext, name: str) -> None:
+        order.append(name)
+
+    async with observer, q:
+        async with observer.batch() as b:
+            xref = b.add("x", {})
+            zref = b.add("after", {"name": "z"}, depends_on=[xref])
+        serving = asyncio.create_task(q.serve())
+        try:
+            await asyncio.wait_for(started.wait(), 15)
+            async with observer.engine.begin() as conn:
+                # the edge is written and x's row locked in this open transaction ...
+                async with observer.batch(connection=conn) as b:
+                    yref = b.add("after", {"name": "y"}, depends_on=[xref.id])
+                go.set()  # ... while x finishes: its finalize waits for this lock
+                await asyncio.sleep(0.5)
+            assert await observer.wait(yref.id, timeout=15) is None
+            assert await observer.wait(zref.id, timeout=15) is None
+        finally:
+            serving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await serving
+        assert order[0] == "x" and sorted(order[1:]) == ["y", "z"], order
+        if db == "postgresql":  # the case above went through the routine
+            assert any(xref.id in took for _, took in one_calls), one_calls
+
+
+@PG_ONLY
+async def test_the_routine_declines_a_container_roll_up_and_changes_nothing(
+    make_queue: Callable[..., JobQueue], one_calls: list[tuple[list[int], set[int]]],
+) -> None:
+    """The last child of a container: the routine declines (its container must be rolled
+    up, which the long path does), leaving the job running until that path finishes it; a
+    child whose sibling is still live is finished by the routine."""
+    q = make_queue()
+    gate = asyncio.Event()
+
+    @q.handler("first")
+    async def first(ctx: JobContext) -> None:
+        return None
+
+    @q.handler("last")
+    async def last(ctx: JobContext) -> None:
+        await gate.wait()
+
+    async with q:
+        async with q.batch() as b:
+            box = b.container("box")
+            a = b.add("first", {}, parent=box)
+            z = b.add("last", {}, parent=box)
+            after = b.add("first", {}, depends_on=[box])
+        serving = asyncio.create_task(q.serve())
+        try:
+            assert await q.wait(a.id, timeout=15) is None
+            assert (await q.get(box.id)).state == JobState.ACTIVE
+            gate.set()
+            assert await q.wait(after.id, timeout=15) is None
+        finally:
+            serving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await serving
+        assert (await q.get(box.id)).state == JobState.DONE
+        assert (await q.get(z.id)).state == JobState.DONE
+    given = {i for ids, _ in one_calls for i in ids}
+    took = {i for _, t in one_calls for i in t}
+    assert a.id in took  # its sibling was live: no roll-up
+    assert z.id in given and z.id not in took  # declined: the roll-up path finished it
+
+
+@PG_ONLY
+async def test_one_call_finalize_whose_answer_was_lost_is_finalized_once(
+    make_queue: Callable[..., JobQueue], db_url: str, prefix: str,
+    caplog: pytest.LogCaptureFixture, one_calls: list[tuple[list[int], set[int]]],
+) -> None:
+    """The routine's call commits, then its answer is lost: the job is not run again, not
+    finalized twice, its dependent runs once, and it is reported done."""
+    caplog.set_level(logging.WARNING, "aiojobqueue")
+    async with make_queue() as observer, TcpProxy.for_url(db_url) as px:
+        q, events = watched_queue(px.url(db_url), prefix)
+        calls: list[str] = []
+
+        @q.handler("step")
+        async def step(ctx: JobContext, name: str) -> None:
+            calls.append(name)
+            if name == "up":
+                px.cut_after_statement(b"_settle_")  # the routine's call
+
+        async with observer.batch() as b:
+            up = b.add("step", {"name": "up"})
+            down = b.add("step", {"name": "down"}, depends_on=[up])
+        async with q:
+            serving = asyncio.create_task(q.serve())
+            try:
+                assert await observer.wait(down.id, timeout=30) is None
+                await asyncio.sleep(0.5)  # let any stray second run or finalize show itself
+            finally:
+                serving.cancel()
+                await asyncio.gather(serving, return_exceptions=True)
+        assert px.ambiguous_commits == 1, "the fault was not injected"
+        job = await observer.get(up.id)
+        assert job.state == JobState.DONE and job.attempts == 1
+        assert calls == ["up", "down"] and events == ["done", "done"], (calls, events)
+        assert "committed though its answer was lost" in caplog.text
+
+
+@PG_ONLY
+async def test_without_the_routine_the_long_path_finalizes(
+    make_queue: Callable[..., JobQueue], db_url: str, prefix: str,
+    caplog: pytest.LogCaptureFixture, one_calls: list[tuple[list[int], set[int]]],
+) -> None:
+    """A queue started without migrating, on a database whose routine is missing, says so
+    and runs DAGs through the long path; ``migrate`` (start()) installs the routine, and
+    dropping the tables drops it too."""
+    async with make_queue():
+        pass  # schema and routine
+    engine = create_async_engine(db_url)
+    routines = (text("SELECT count(*) FROM pg_proc WHERE proname LIKE :p"),
+                {"p": f"{prefix}jobs_settle_%"})
+    try:
+        async with engine.begin() as conn:
+            assert (await conn.execute(*routines)).scalar() == 1
+            await conn.exec_driver_sql(
+                "DO $$ DECLARE f regprocedure; BEGIN FOR f IN SELECT oid::regprocedure FROM "
+                f"pg_proc WHERE proname LIKE '{prefix}jobs_settle_%' LOOP "
+                "EXECUTE 'DROP FUNCTION ' || f; END LOOP; END $$")
+        caplog.set_level(logging.INFO, "aiojobqueue")
+        q = make_queue()
+        order: list[str] = []
+
+        @q.handler("step")
+        async def step(ctx: JobContext, name: str) -> None:
+            order.append(name)
+
+        await q.start(migrate=False)
+        assert q._settle_call is None
+        assert "is missing (run `aiojobqueue migrate`)" in caplog.text
+        async with q.batch() as b:
+            ups = [b.add("step", {"name": "up"}) for _ in range(3)]
+            down = b.add("step", {"name": "down"}, depends_on=ups)
+        await q.run_until_idle()
+        assert order == ["up"] * 3 + ["down"]
+        assert (await q.get(down.id)).state == JobState.DONE
+        assert one_calls == []
+        await q.close()
+        async with make_queue() as again:
+            assert again._settle_call is not None
+        async with engine.begin() as conn:
+            assert (await conn.execute(*routines)).scalar() == 1
+            await conn.run_sync(build_tables(prefix).metadata.drop_all)
+            assert (await conn.execute(*routines)).scalar() == 0
+    finally:
+        await engine.dispose()
