@@ -411,7 +411,7 @@ async def _plan_graph(
     )
     for i in range(0, len(ext_ids), CHUNK):
         stmt = q._ops.for_update(
-            select(J.c.id, J.c.kind, J.c.state)
+            select(J.c.id, J.c.kind, J.c.state, J.c.parent_id, J.c.pending)
             .where(J.c.id.in_(ext_ids[i : i + CHUNK]))
             .order_by(J.c.id)
         )
@@ -436,6 +436,11 @@ async def _plan_graph(
     state: dict[tuple[str, int], str] = {("e", i): r.state for i, r in existing.items()}
     cause: dict[tuple[str, int], int] = {("e", i): i for i, r in existing.items()
                                          if r.state in (S.FAILED, S.CANCELLED)}
+    # Jobs whose pending holds their container's credit (S.CREDIT), and their parent.
+    parent: dict[tuple[str, int], Any] = {("e", i): ("e", r.parent_id)
+                                          for i, r in existing.items()}
+    credited = {("e", i) for i, r in existing.items()
+                if r.state == S.WAITING and r.pending >= S.CREDIT}
     for s in order:
         n = node(s.ref)
         pending = 0
@@ -447,11 +452,16 @@ async def _plan_graph(
             if dn in cause:
                 cause.setdefault(n, cause[dn])
         if s.parent is not None:
-            pn = node(s.parent)
+            pn = parent[n] = node(s.parent)
             if pn in cause:
                 cause.setdefault(n, cause[pn])
-            if state[pn] != S.ACTIVE:
-                pending += 1
+            # No credit for a job that waits on a sibling holding one: that sibling cannot
+            # run before the container is active, so neither can this job, and activating
+            # the container then rewrites only the credited rows.
+            if state[pn] != S.ACTIVE and not any(
+                    node(d) in credited and parent.get(node(d)) == pn for d in s.depends_on):
+                pending += S.CREDIT
+                credited.add(n)
         s.pending = pending
         if n in cause:
             s.state, s.cancelled_by = S.CANCELLED, cause[n]

@@ -378,8 +378,8 @@ class Completer:
         waiting on them; RETURNING every row it changed."""
         J = self.J
         return (update(J).where(self.q._ops.in_ids_param(J.c.parent_id, "ids"),
-                                J.c.state == lit(S.WAITING))
-                .values(**self._unblock(J.c.pending - 1))
+                                J.c.state == lit(S.WAITING), J.c.pending >= S.CREDIT)
+                .values(**self._unblock(J.c.pending - S.CREDIT))
                 .returning(*self._unblocked()))
 
     async def _release_dependents(
@@ -472,14 +472,17 @@ class Completer:
                 for i in range(0, len(boxes), CHUNK):
                     rows += (await conn.execute(stmt, {"ids": boxes[i : i + CHUNK]})).all()
             else:
-                await conn.execute(
-                    update(J).where(J.c.parent_id.in_(boxes), J.c.state == lit(S.WAITING))
-                    .values(pending=J.c.pending - 1)
-                )
-                kids = await conn.execute(
-                    select(J.c.id).where(J.c.parent_id.in_(boxes), J.c.state == lit(S.WAITING))
-                )
-                rows = await self._release_locked(conn, sorted(r[0] for r in kids))
+                kids = await conn.execute(self.q._ops.for_update(
+                    select(J.c.id).where(J.c.parent_id.in_(boxes), J.c.state == lit(S.WAITING),
+                                         J.c.pending >= S.CREDIT).order_by(J.c.id)
+                ))
+                ids = sorted(r[0] for r in kids)
+                for i in range(0, len(ids), CHUNK):
+                    await conn.execute(
+                        update(J).where(J.c.id.in_(ids[i : i + CHUNK]))
+                        .values(pending=J.c.pending - S.CREDIT)
+                    )
+                rows = await self._release_locked(conn, ids)
             # the empty ones finish now; a box with a child job released above is not empty
             kid_jobs = {r.parent_id for r in rows if r.kind != S.CONTAINER}
             finished += await self._rollup(conn, [b for b in boxes if b not in kid_jobs])
@@ -711,7 +714,7 @@ class Completer:
                 .where(J.c.id.in_(part), par.c.state != lit(S.ACTIVE))
             )
             for (jid,) in rows:
-                pending[jid] += 1
+                pending[jid] += S.CREDIT
         for jid, n in pending.items():
             await conn.execute(update(J).where(J.c.id == jid).values(pending=n))
         # release parents first so their children see an active container

@@ -11,7 +11,7 @@ from sqlalchemy import select, text, update
 from sqlalchemy.exc import DBAPIError
 
 from .errors import SchemaError
-from .schema import SCHEMA_VERSION, v2_indexes
+from .schema import ACTIVE, CONTAINER, CREDIT, SCHEMA_VERSION, WAITING, v2_indexes
 
 if TYPE_CHECKING:
     from .queue import JobQueue
@@ -78,6 +78,8 @@ async def _upgrade_once(q: JobQueue) -> int:
         return found
     if 0 < found < 2:
         await _v1_to_v2(q)
+    if 0 < found < 3:
+        await _v2_to_v3(q)
     async with q.engine.begin() as conn:
         await conn.run_sync(q._t.metadata.create_all, checkfirst=True)
     async with q.engine.begin() as conn:
@@ -121,6 +123,26 @@ async def _v1_to_v2(q: JobQueue) -> None:
                     ix.create(sync_conn)
 
             await conn.run_sync(recreate)
+
+
+async def _v2_to_v3(q: JobQueue) -> None:
+    """v3: a container not yet active holds its waiting children with ``CREDIT`` in their
+    ``pending`` (was 1). Not idempotent, so the version moves to 3 in the same transaction,
+    and a process that waited for the lock finds it done."""
+    J, M = q._t.jobs, q._t.meta
+    async with q.engine.begin() as conn:
+        await q._ops.lock_gate(conn)
+        v = (await conn.execute(select(M.c.value).where(M.c.name == "schema_version"))).scalar()
+        if v is None or int(v) >= 3:
+            return
+        # the inner derived table: MySQL cannot otherwise read the table it updates
+        closed = select(J.c.id).where(J.c.kind == CONTAINER, J.c.state != ACTIVE).subquery()
+        await conn.execute(
+            update(J).where(J.c.state == WAITING,
+                            J.c.parent_id.in_(select(closed.c.id)), J.c.pending < CREDIT)
+            .values(pending=J.c.pending + (CREDIT - 1))
+        )
+        await conn.execute(update(M).where(M.c.name == "schema_version").values(value="3"))
 
 
 async def settle_routine(q: JobQueue, create: bool) -> Any | None:

@@ -7,9 +7,11 @@ Job states (see the README for the diagram):
   ``running`` (leased) -> ``done`` | ``failed`` | ``cancelled``;
 * containers: ``waiting`` -> ``active`` (children may run) -> ``done`` | ``failed`` | ``cancelled``.
 
-``pending`` counts what still blocks a job: its unfinished dependencies plus one while its
-container is not yet active. It is maintained when an upstream finishes, so the claim only
-ever looks at ``ready`` rows and never walks waiting or finished ones.
+``pending`` counts what still blocks a job: its unfinished dependencies, plus ``CREDIT`` while
+its container is not yet active, except for a job that waits on a sibling holding that
+credit (it cannot run before the container is active anyway; activation then rewrites only
+the credited children). It is maintained when an upstream finishes, so the claim only ever
+looks at ``ready`` rows and never walks waiting or finished ones.
 """
 
 from __future__ import annotations
@@ -37,7 +39,10 @@ from sqlalchemy.dialects import postgresql
 
 from .timeutil import UTCDateTime
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+#: What a container not yet active adds to its children's ``pending`` (v3; was 1): larger
+#: than any count of dependencies, so activation tells the credited children apart.
+CREDIT = 1 << 30
 DEFAULT_PREFIX = "ajq_"
 
 WAITING, SCHEDULED, READY, RUNNING, ACTIVE = "waiting", "scheduled", "ready", "running", "active"
