@@ -138,8 +138,8 @@ class Completer:
                 took.update((j, a) for j in got or ())
         return took
 
-    def settle_routine(self) -> tuple[str, str] | None:
-        """(name, DDL) of the routine behind finish_in_one_call(), built from the very
+    def settle_routine(self) -> tuple[str, list[str]] | None:
+        """(name, DDL) of the routines behind finish_in_one_call(), built from the very
         statements finish_detailed() runs; None where the dialect has no such routine."""
         return self.q._ops.settle_routine(
             lambda ids, a, o: self._plain_stmt(False, ids, a, o),
@@ -389,7 +389,10 @@ class Completer:
         it (with their parent) and the containers that hold a live child job this
         transaction has locked."""
         if self.q._ops.update_returning:
-            stmt = self._stmt("settle.drop_deps", self._drop_deps_stmt)
+            # the routine where installed: the same statement, planned safely (see there)
+            stmt = self.q._release_call
+            if stmt is None:
+                stmt = self._stmt("settle.drop_deps", self._drop_deps_stmt)
             rows: list[Any] = []
             for i in range(0, len(done), CHUNK):
                 rows += (await conn.execute(stmt, {"ids": done[i : i + CHUNK]})).all()

@@ -145,12 +145,13 @@ async def _v2_to_v3(q: JobQueue) -> None:
         await conn.execute(update(M).where(M.c.name == "schema_version").values(value="3"))
 
 
-async def settle_routine(q: JobQueue, create: bool) -> Any | None:
-    """The call of the dialect's one-call finalize routine (see
-    Completer.finish_in_one_call), creating the routine if it is missing and ``create``;
-    None where the dialect has none, or it is missing and may not be created (the long path
-    is used then: the same effect, more round trips). The routine's name carries a digest
-    of its text, so an aiojobqueue whose statements changed installs (and uses) its own."""
+async def settle_routine(q: JobQueue, create: bool) -> tuple[Any, Any] | None:
+    """The calls of the dialect's one-call finalize routines (see
+    Completer.finish_in_one_call), creating them if they are missing and ``create``; None
+    where the dialect has none, or they are missing and may not be created (the long path
+    and its plain statements are used then: the same effect, more round trips). Their
+    names carry a digest of their text, so an aiojobqueue whose statements changed installs
+    (and uses) its own."""
     spec = q._completer.settle_routine()
     if spec is None:
         return None
@@ -159,11 +160,12 @@ async def settle_routine(q: JobQueue, create: bool) -> Any | None:
         there = await q._ops.routine_exists(conn, name)
     if not there and not create:
         log.info("the routine %s is missing (run `aiojobqueue migrate`): finalizing jobs "
-                    "that others depend on takes more round trips", name)
+                 "that others depend on takes more round trips", name)
         return None
     if not there:
         async with q.engine.begin() as conn:
-            await q._ops.lock_gate(conn)  # one process creates it; the others then see it
+            await q._ops.lock_gate(conn)  # one process creates them; the others then see them
             if not await q._ops.routine_exists(conn, name):
-                await conn.exec_driver_sql(ddl)
-    return q._ops.settle_call(name)
+                for statement in ddl:
+                    await conn.exec_driver_sql(statement)
+    return q._ops.settle_calls(name)

@@ -112,8 +112,9 @@ class JobQueue:
         # Hot statements built once (claim, finalize): no per-round construction and one
         # compiled form each; keyed by their role and shape.
         self._stmts: dict[Any, Any] = {}
-        #: the call of the one-call finalize routine, where installed (see migrate)
+        #: the calls of the one-call finalize and release routines, where installed
         self._settle_call: Any | None = None
+        self._release_call: Any | None = None
         # Tests force the no-RETURNING insert path (MySQL 8) on MariaDB with this.
         self._force_insert_fallback = False
         self._local_done = asyncio.Event()
@@ -204,7 +205,8 @@ class JobQueue:
             from .migrate import check, settle_routine, upgrade
 
             await (upgrade(self) if migrate else check(self))
-            self._settle_call = await settle_routine(self, create=migrate)
+            calls = await settle_routine(self, create=migrate)
+            self._settle_call, self._release_call = calls or (None, None)
         except BaseException:
             await self.close()
             raise

@@ -182,7 +182,7 @@ async def test_without_the_routine_the_long_path_finalizes(
                 {"p": f"{prefix}jobs_settle_%"})
     try:
         async with engine.begin() as conn:
-            assert (await conn.execute(*routines)).scalar() == 1
+            assert (await conn.execute(*routines)).scalar() == 2  # finalize, release
             await conn.exec_driver_sql(
                 "DO $$ DECLARE f regprocedure; BEGIN FOR f IN SELECT oid::regprocedure FROM "
                 f"pg_proc WHERE proname LIKE '{prefix}jobs_settle_%' LOOP "
@@ -196,7 +196,7 @@ async def test_without_the_routine_the_long_path_finalizes(
             order.append(name)
 
         await q.start(migrate=False)
-        assert q._settle_call is None
+        assert q._settle_call is None and q._release_call is None
         assert "is missing (run `aiojobqueue migrate`)" in caplog.text
         async with q.batch() as b:
             ups = [b.add("step", {"name": "up"}) for _ in range(3)]
@@ -207,9 +207,9 @@ async def test_without_the_routine_the_long_path_finalizes(
         assert one_calls == []
         await q.close()
         async with make_queue() as again:
-            assert again._settle_call is not None
+            assert again._settle_call is not None and again._release_call is not None
         async with engine.begin() as conn:
-            assert (await conn.execute(*routines)).scalar() == 1
+            assert (await conn.execute(*routines)).scalar() == 2
             await conn.run_sync(build_tables(prefix).metadata.drop_all)
             assert (await conn.execute(*routines)).scalar() == 0
     finally:

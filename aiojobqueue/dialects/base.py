@@ -157,15 +157,17 @@ class DialectOps(ABC):
 
     def settle_routine(
         self, finish: Callable[[Any, Any, Any], Any], release: Callable[[Any], Any]
-    ) -> tuple[str, str] | None:
-        """(name, DDL) of a server-side routine that finalizes successes and releases their
-        dependents in one call (see Completer.finish_in_one_call), or None where the dialect
-        has none. ``finish(ids, attempt, owner)`` and ``release(ids)`` build the statements
-        it runs, given the expressions of its own variables."""
+    ) -> tuple[str, list[str]] | None:
+        """(name, DDL statements) of the server-side routines that finalize successes and
+        release their dependents in one call (see Completer.finish_in_one_call), or None
+        where the dialect has none. ``finish(ids, attempt, owner)`` and ``release(ids)`` build
+        the statements they run, given the expressions of their own variables."""
         return None
 
-    def settle_call(self, name: str) -> Any:
-        """The statement that calls the routine ``name`` with ``ids``, ``a``, ``o``."""
+    def settle_calls(self, name: str) -> tuple[Any, Any]:
+        """The statements calling the routines of settle_routine() ``name``: the one-call
+        finalize (``ids``, ``a``, ``o`` -> the ids it finished, or NULL: declined) and the
+        release of dependents (``ids`` -> id, kind, state, parent_id of the rows it changed)."""
         raise NotImplementedError
 
     async def routine_exists(self, conn: AsyncConnection, name: str) -> bool:

@@ -18,6 +18,7 @@ from sqlalchemy import (
     any_,
     bindparam,
     cast,
+    column,
     func,
     literal,
     literal_column,
@@ -75,14 +76,20 @@ class PostgresOps(DialectOps):
 
     def settle_routine(
         self, finish: Callable[[Any, Any, Any], Any], release: Callable[[Any], Any]
-    ) -> tuple[str, str]:
-        """A PL/pgSQL function: the fenced done UPDATE, then the release of the dependents of
-        the rows it finished. A VOLATILE function takes a fresh snapshot for each statement
+    ) -> tuple[str, list[str]]:
+        """Two PL/pgSQL functions. ``<name>_rel(ids)`` releases the dependents of the
+        finished ``ids`` (the statement of Completer._drop_deps_stmt; finish_detailed() calls
+        it too) and sends the wake-up if one became ready. It runs with nested loops off: on
+        a table the planner has no statistics for yet it takes the finished jobs' dependents
+        for one row and would re-scan the edge counts once per dependent (quadratic: 2.8 s
+        to release a fan-out of 5,000, 63 ms with a hash join).
+
+        ``<name>(ids, attempt, owner)``: the fenced done UPDATE, then that release, then a
+        look at the parents. A VOLATILE function takes a fresh snapshot for each statement
         (READ COMMITTED), so the release reads every edge committed before the finished rows
         were locked (the UPDATE holds them), as the two statements of finish_detailed() do
         in one transaction; an edge added later waits for those locks and then sees the job
         done. Called in autocommit, the whole call is one transaction and one round trip.
-
         Where the call would activate a container or may finish one (a parent with no live
         child job that the call holds locked is locked, then looked at), it raises inside
         its own block, so everything it did is undone, and returns NULL: the caller then
@@ -97,15 +104,30 @@ class PostgresOps(DialectOps):
         def ids(var: str) -> Callable[[Any], Any]:
             return lambda col: col == any_(literal_column(var))
 
-        from ..schema import CONTAINER, LIVE, READY, TERMINAL
+        from ..schema import CONTAINER, LIVE, READY, TERMINAL, WAITING
 
         jobs = self.t.jobs.name
         live = ", ".join(f"'{x}'" for x in LIVE)
         ended = ", ".join(f"'{x}'" for x in TERMINAL)
+        rel_body = f"""
+#variable_conflict use_column
+DECLARE
+  v_id bigint[]; v_kind text[]; v_state text[]; v_parent bigint[]; v_ready boolean;
+BEGIN
+  WITH r AS ({sql(release(ids("p_ids")))})
+  SELECT array_agg(r.id), array_agg(r.kind::text), array_agg(r.state::text),
+         array_agg(r.parent_id),
+         coalesce(bool_or(r.kind <> '{CONTAINER}' AND r.state = '{READY}'), false)
+    INTO v_id, v_kind, v_state, v_parent, v_ready FROM r;
+  IF v_ready THEN
+    PERFORM pg_notify('{self.channel()}', '');
+  END IF;
+  RETURN QUERY SELECT * FROM unnest(v_id, v_kind, v_state, v_parent);
+END"""
         body = f"""
 DECLARE
-  v_ids bigint[]; v_deps bigint[]; v_parents bigint[];
-  v_busy bigint[] := '{{}}'; v_boxes boolean := false; v_ready boolean := false;
+  v_ids bigint[]; v_deps bigint[]; v_parents bigint[]; v_busy bigint[] := '{{}}';
+  v_boxes boolean := false; v_p bigint;
 BEGIN
   WITH u AS ({sql(finish(ids("p_ids"), literal_column("p_a"), literal_column("p_o")))})
   SELECT coalesce(array_agg(u.id), '{{}}'),
@@ -113,43 +135,51 @@ BEGIN
          coalesce(array_agg(DISTINCT u.parent_id) FILTER (WHERE u.parent_id IS NOT NULL), '{{}}')
     INTO v_ids, v_deps, v_parents FROM u;
   IF cardinality(v_deps) > 0 THEN
-    WITH r AS ({sql(release(ids("v_deps")))})
     SELECT coalesce(array_agg(DISTINCT r.parent_id)
                       FILTER (WHERE r.kind <> '{CONTAINER}' AND r.parent_id IS NOT NULL), '{{}}'),
-           coalesce(bool_or(r.kind = '{CONTAINER}' AND r.state <> 'waiting'), false),
-           coalesce(bool_or(r.kind <> '{CONTAINER}' AND r.state = '{READY}'), false)
-      INTO v_busy, v_boxes, v_ready FROM r;
+           coalesce(bool_or(r.kind = '{CONTAINER}' AND r.state <> '{WAITING}'), false)
+      INTO v_busy, v_boxes FROM @REL@(v_deps) r;
     IF v_boxes THEN
       RAISE EXCEPTION USING ERRCODE = 'AJQ01';
-    END IF;
-    IF v_ready THEN
-      PERFORM pg_notify('{self.channel()}', '');
     END IF;
   END IF;
   -- a parent with a live child job this call holds locked cannot finish before it commits
   v_parents := ARRAY(SELECT unnest(v_parents) EXCEPT SELECT unnest(v_busy) ORDER BY 1);
   IF cardinality(v_parents) > 0 THEN
     PERFORM 1 FROM {jobs} WHERE id = ANY(v_parents) ORDER BY id FOR UPDATE;
-    IF EXISTS (SELECT 1 FROM {jobs} c WHERE c.id = ANY(v_parents) AND c.state NOT IN ({ended})
-               AND NOT EXISTS (SELECT 1 FROM {jobs} k
-                               WHERE k.parent_id = c.id AND k.state IN ({live}))) THEN
-      RAISE EXCEPTION USING ERRCODE = 'AJQ01';
-    END IF;
+    FOREACH v_p IN ARRAY v_parents LOOP
+      PERFORM 1 FROM {jobs} WHERE id = v_p AND state NOT IN ({ended});
+      CONTINUE WHEN NOT FOUND;
+      PERFORM 1 FROM {jobs} WHERE parent_id = v_p AND state IN ({live}) LIMIT 1;
+      IF NOT FOUND THEN  -- its last child: the roll-up is the long path's
+        RAISE EXCEPTION USING ERRCODE = 'AJQ01';
+      END IF;
+    END LOOP;
   END IF;
   RETURN v_ids;
 EXCEPTION WHEN SQLSTATE 'AJQ01' THEN
   RETURN NULL;
 END"""
-        digest = hashlib.sha1(body.encode()).hexdigest()[:10]
-        name = f"{self.t.jobs.name}_settle_{digest}"
-        ddl = (f"CREATE OR REPLACE FUNCTION {name}(p_ids bigint[], p_a integer, p_o text) "
-               f"RETURNS bigint[] LANGUAGE plpgsql VOLATILE AS $ajq${body}\n$ajq$")
-        return name, ddl
+        digest = hashlib.sha1((rel_body + body).encode()).hexdigest()[:10]
+        name = f"{jobs}_settle_{digest}"
+        rel = f"{name}_rel"
+        return name, [
+            f"CREATE OR REPLACE FUNCTION {rel}(p_ids bigint[]) RETURNS TABLE(id bigint, "
+            f"kind text, state text, parent_id bigint) LANGUAGE plpgsql VOLATILE "
+            f"SET enable_nestloop = off AS $ajq${rel_body}\n$ajq$",
+            f"CREATE OR REPLACE FUNCTION {name}(p_ids bigint[], p_a integer, p_o text) "
+            f"RETURNS bigint[] LANGUAGE plpgsql VOLATILE "
+            f"AS $ajq${body.replace('@REL@', rel)}\n$ajq$",
+        ]
 
-    def settle_call(self, name: str) -> Any:
-        return select(Function(name, bindparam("ids", type_=ARRAY(BigInteger)),
-                               bindparam("a", type_=Integer()), bindparam("o", type_=Text()),
-                               type_=ARRAY(BigInteger)))
+    def settle_calls(self, name: str) -> tuple[Any, Any]:
+        ids = bindparam("ids", type_=ARRAY(BigInteger))
+        finish = select(Function(name, ids, bindparam("a", type_=Integer()),
+                                 bindparam("o", type_=Text()), type_=ARRAY(BigInteger)))
+        rel = Function(f"{name}_rel", ids).table_valued(
+            column("id", BigInteger), column("kind", Text), column("state", Text),
+            column("parent_id", BigInteger))
+        return finish, select(rel.c.id, rel.c.kind, rel.c.state, rel.c.parent_id)
 
     async def routine_exists(self, conn: AsyncConnection, name: str) -> bool:
         found = await conn.execute(select(func.to_regproc(literal(name, Text())).is_not(None)))
