@@ -6,6 +6,7 @@ consequences commit together or not at all.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -101,9 +102,10 @@ class Completer:
         return out
 
     def _plain_stmt(self, alone: bool, ids: IdsMatch | None = None, attempt: Any = None,
-                    owner: Any = None) -> Any:
+                    owner: Any = None, result: Any = None) -> Any:
         """The fenced UPDATE of _finish_plain; by default its ids, attempt and owner are bind
-        parameters ``ids``, ``a``, ``o`` (other expressions: the server-side routine's)."""
+        parameters ``ids``, ``a``, ``o`` and it stores no result (other expressions: the
+        server-side routine's)."""
         J = self.J
         match = ids or (lambda col: self.q._ops.in_ids_param(col, "ids"))
         cond = [match(J.c.id), J.c.state == lit(S.RUNNING),
@@ -113,7 +115,7 @@ class Completer:
             cond += [J.c.has_dependents == false(), J.c.parent_id.is_(None)]
         return (
             update(J).where(*cond)
-            .values(state=S.DONE, result=None, error=None, finished_at=db_now(),
+            .values(state=S.DONE, result=result, error=None, finished_at=db_now(),
                     live_key=None, lease_owner=None, lease_expires=None)
             .returning(J.c.id, J.c.parent_id, J.c.has_dependents)
         )
@@ -121,20 +123,29 @@ class Completer:
     async def finish_in_one_call(
         self, conn: AsyncConnection, outcomes: Sequence[Outcome]
     ) -> set[tuple[int, int]]:
-        """Finish ``done`` outcomes without a result by one call of the server-side routine
-        (PostgreSQL, see PostgresOps.settle_routine) per attempt number: the fenced UPDATE,
-        then the release of their dependents in a statement of its own (a fresh snapshot,
-        taken while this call holds the finished rows locked), all atomic, so it may run in
-        autocommit. The routine declines (changing nothing) where a container must be
-        activated or rolled up; those, and the fenced-out ones, are not in the returned
-        (id, attempt) pairs and go through finish_detailed()."""
+        """Finish ``done`` outcomes by one call of the server-side routine (PostgreSQL, see
+        PostgresOps.settle_routine) per attempt number: the fenced UPDATE (storing the
+        results), then the release of their dependents in a statement of its own (a fresh
+        snapshot, taken while this call holds the finished rows locked), all atomic, so it
+        may run in autocommit. The routine declines (changing nothing) where a container
+        must be activated or rolled up; those, and the fenced-out ones, are not in the
+        returned (id, attempt) pairs and go through finish_detailed()."""
         stmt = self.q._settle_call
         assert stmt is not None
         took: set[tuple[int, int]] = set()
-        for (a, owner), ids in _by_attempt(outcomes):
-            for i in range(0, len(ids), CHUNK):
-                got = (await conn.execute(
-                    stmt, {"ids": ids[i : i + CHUNK], "a": a, "o": owner})).scalar()
+        by: dict[tuple[int, str], list[Outcome]] = defaultdict(list)
+        for o in outcomes:
+            assert o.kind == "done"
+            by[(o.attempt, o.owner)].append(o)
+        for (a, owner), group in sorted(by.items()):
+            group.sort(key=lambda o: o.job_id)
+            for i in range(0, len(group), CHUNK):
+                part = group[i : i + CHUNK]
+                results = [o.result for o in part]
+                params = {"ids": [o.job_id for o in part], "a": a, "o": owner,
+                          "r": json.dumps(results) if any(r is not None for r in results)
+                          else None}
+                got = (await conn.execute(stmt, params)).scalar()
                 took.update((j, a) for j in got or ())
         return took
 
@@ -142,7 +153,7 @@ class Completer:
         """(name, DDL) of the routines behind finish_in_one_call(), built from the very
         statements finish_detailed() runs; None where the dialect has no such routine."""
         return self.q._ops.settle_routine(
-            lambda ids, a, o: self._plain_stmt(False, ids, a, o),
+            lambda ids, a, o, r: self._plain_stmt(False, ids, a, o, r),
             lambda ids: self._drop_deps_stmt(ids, wake=False),
         )
 

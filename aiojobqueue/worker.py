@@ -434,7 +434,7 @@ class Worker:
         """Write ``batch``; returns the outcomes that took effect. Where single statements run
         in autocommit, successes without a result of jobs nothing waits on go in one
         statement (completer.finish_fast: one round trip), and where the one-call routine is
-        installed (PostgreSQL) so do the other successes without a result, with the release
+        installed (PostgreSQL) so do the other successes, with their results and the release
         of their dependents (completer.finish_in_one_call); the rest, and any of those the
         call skipped, are fenced and settled in one transaction. Not retried (see
         _flush); a failure leaves the whole batch to be written again, and outcomes that did
@@ -443,11 +443,12 @@ class Worker:
         plain = ([o for o in batch if o.kind == "done" and o.result is None]
                  if q._ops.autocommit_writes else [])
         fast = [o for o in plain if self._alone(o)]
-        if q._settle_call is not None and len(fast) < len(plain):
-            # some have a parent or dependents: the routine settles them in the same call
-            fast, one_call = plain, q._completer.finish_in_one_call
-        else:
-            one_call = q._completer.finish_fast
+        one_call = q._completer.finish_fast
+        if q._settle_call is not None:
+            done = [o for o in batch if o.kind == "done"]
+            if len(fast) < len(done):
+                # results to store, or a parent or dependents: the routine does it all
+                fast, one_call = done, q._completer.finish_in_one_call
         if not fast:
             return await q._write(partial(_finish, q, outcomes=batch), retries=0)
         took = await q._autocommit(partial(one_call, outcomes=fast))

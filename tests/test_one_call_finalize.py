@@ -214,3 +214,48 @@ async def test_without_the_routine_the_long_path_finalizes(
             assert (await conn.execute(*routines)).scalar() == 0
     finally:
         await engine.dispose()
+
+
+async def test_results_are_stored_by_the_one_call_path(
+    make_queue: Callable[..., JobQueue], db: str,
+    one_calls: list[tuple[list[int], set[int]]],
+) -> None:
+    """Jobs that return results, finished together (some returning None), store each its
+    own result (None as no result), and a dependent reads them; on PostgreSQL through the
+    routine, in one call."""
+    q = make_queue()
+    gate = asyncio.Event()
+    values: dict[int, Any] = {0: None, 1: {"a": [1, 2.5, "x"]}, 2: "text", 3: 7, 4: None,
+                              5: [None, True], 6: {"nested": {"null": None}}}
+
+    @q.handler("emit")
+    async def emit(ctx: JobContext, i: int) -> Any:
+        await gate.wait()  # finish together: one finalize batch
+        return values[i]
+
+    seen: dict[int, Any] = {}
+
+    @q.handler("read")
+    async def read(ctx: JobContext) -> None:
+        seen.update(await ctx.dependency_results())
+
+    async with q:
+        async with q.batch() as b:
+            ups = {i: b.add("emit", {"i": i}) for i in values}
+            down = b.add("read", {}, depends_on=list(ups.values()))
+        serving = asyncio.create_task(q.serve())
+        try:
+            await asyncio.sleep(0.3)
+            gate.set()
+            assert await q.wait(down.id, timeout=15) is None
+        finally:
+            serving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await serving
+        for i, ref in ups.items():
+            job = await q.get(ref.id)
+            assert job.state == JobState.DONE and job.result == values[i], (i, job.result)
+        assert seen == {ref.id: values[i] for i, ref in ups.items()}
+    if db == "postgresql":
+        took = {i for _, t in one_calls for i in t}
+        assert {ref.id for ref in ups.values()} <= took, one_calls

@@ -156,17 +156,19 @@ class DialectOps(ABC):
         return None
 
     def settle_routine(
-        self, finish: Callable[[Any, Any, Any], Any], release: Callable[[Any], Any]
+        self, finish: Callable[[Any, Any, Any, Any], Any], release: Callable[[Any], Any]
     ) -> tuple[str, list[str]] | None:
         """(name, DDL statements) of the server-side routines that finalize successes and
         release their dependents in one call (see Completer.finish_in_one_call), or None
-        where the dialect has none. ``finish(ids, attempt, owner)`` and ``release(ids)`` build
-        the statements they run, given the expressions of their own variables."""
+        where the dialect has none. ``finish(ids, attempt, owner, result)`` and
+        ``release(ids)`` build the statements they run, given the expressions of their own
+        variables."""
         return None
 
     def settle_calls(self, name: str) -> tuple[Any, Any]:
         """The statements calling the routines of settle_routine() ``name``: the one-call
-        finalize (``ids``, ``a``, ``o`` -> the ids it finished, or NULL: declined) and the
+        finalize (``ids``, ``a``, ``o``, ``r`` (results as JSON text, or None) -> the ids it
+        finished, or NULL: declined) and the
         release of dependents (``ids`` -> id, kind, state, parent_id of the rows it changed)."""
         raise NotImplementedError
 
