@@ -127,9 +127,12 @@ class Completer:
         PostgresOps.settle_routine) per attempt number: the fenced UPDATE (storing the
         results), then the release of their dependents in a statement of its own (a fresh
         snapshot, taken while this call holds the finished rows locked), all atomic, so it
-        may run in autocommit. The routine declines (changing nothing) where a container
-        must be activated or rolled up; those, and the fenced-out ones, are not in the
-        returned (id, attempt) pairs and go through finish_detailed()."""
+        may run in autocommit. It also activates the containers that this releases and
+        rolls up the containers whose last child this was (and so on up and along the
+        graph), like settle(); it declines (changing nothing) where a child failed or was
+        cancelled (cancellations to propagate), where an activated container holds another
+        container or may be empty: those, and the fenced-out ones, are not in the returned
+        (id, attempt) pairs and go through finish_detailed()."""
         stmt = self.q._settle_call
         assert stmt is not None
         took: set[tuple[int, int]] = set()
@@ -155,6 +158,7 @@ class Completer:
         return self.q._ops.settle_routine(
             lambda ids, a, o, r: self._plain_stmt(False, ids, a, o, r),
             lambda ids: self._drop_deps_stmt(ids, wake=False),
+            lambda ids: self._drop_kids_stmt(ids, wake=False),
         )
 
     async def finish_detailed(
@@ -384,14 +388,16 @@ class Completer:
                 .values(**self._unblock(J.c.pending - c.c.n))
                 .returning(*self._unblocked(wake)))
 
-    def _drop_kids_stmt(self) -> Any:
+    def _drop_kids_stmt(self, ids: IdsMatch | None = None, wake: bool = True) -> Any:
         """One statement: the waiting children of containers that just became active stop
-        waiting on them; RETURNING every row it changed."""
+        waiting on them; RETURNING every row it changed. ``ids``, ``wake``: as for
+        _drop_deps_stmt (the containers' ids match ``parent_id``)."""
         J = self.J
-        return (update(J).where(self.q._ops.in_ids_param(J.c.parent_id, "ids"),
+        match = ids or (lambda col: self.q._ops.in_ids_param(col, "ids"))
+        return (update(J).where(match(J.c.parent_id),
                                 J.c.state == lit(S.WAITING), J.c.pending >= S.CREDIT)
                 .values(**self._unblock(J.c.pending - S.CREDIT))
-                .returning(*self._unblocked()))
+                .returning(*self._unblocked(wake)))
 
     async def _release_dependents(
         self, conn: AsyncConnection, done: Sequence[int]

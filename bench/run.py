@@ -13,7 +13,9 @@ measured in the same run, back to back, so ratios come from one noise window.
   C=50, against pgqueuer (C-mapped: batch C/2, cap C; and its defaults), same process model.
 * ``dag``: the same N jobs as a DAG: L layers, each a container holding a head job, a
   fan-out of W jobs depending on the head and a fan-in job depending on all W; each layer's
-  container depends on the previous one. Rate against the flat rate at the same C.
+  container depends on the previous one (one chain: every layer boundary is on the critical
+  path), then the same containers as 4 independent chains. Rate against the flat rate at
+  the same C.
 * ``large``: 1,000,000 finished jobs and 100,000 jobs waiting on a dependency in the table,
   then the flat drain; rate against the empty-table flat rate, and the claim's generic plan
   (PREPARE + plan_cache_mode=force_generic_plan) must stay on the ready index.
@@ -156,17 +158,20 @@ async def sc_pg(args: argparse.Namespace) -> dict[int, float]:
     return out
 
 
-async def build_dag(q: Any, n: int, layers: int) -> int:
+async def build_dag(q: Any, n: int, layers: int, chains: int = 1) -> int:
+    """``layers`` containers of n / layers jobs (a head, a fan-out on it, a fan-in tail),
+    in ``chains`` independent chains (each container depends on the one before it)."""
     width = max(n // layers - 2, 1)
     total = 0
-    prev = None
-    for _ in range(layers):
+    prev: list[Any] = [None] * chains
+    for i in range(layers):
+        c = i % chains
         async with q.batch() as b:
-            box = b.container("layer", depends_on=[prev] if prev is not None else [])
+            box = b.container("layer", depends_on=[prev[c]] if prev[c] is not None else [])
             head = b.add(A.TYPE, {"ts": 0.0}, parent=box)
             fan = [b.add(A.TYPE, {"ts": 0.0}, parent=box, depends_on=[head]) for _ in range(width)]
             b.add(A.TYPE, {"ts": 0.0}, parent=box, depends_on=fan)
-        prev = box.id
+        prev[c] = box.id
         total += width + 2
     return total
 
@@ -175,16 +180,19 @@ async def sc_dag(args: argparse.Namespace, flat_rates: dict[int, float]) -> None
     for conc in (10, 50):
         if conc not in flat_rates:
             flat_rates[conc] = (await flat(conc, args.n))[0]
-        dsn = await fresh_db(DB)
-        await A._install(dsn)
-        async with A._queue(dsn) as q:
-            n = await build_dag(q, args.n, args.layers)
-        span, v = await drain_aiojobqueue(dsn, conc)
-        r = n / span
-        for k in ("completed", "distinct"):  # the layer containers are done too, never run
-            v[k] -= args.layers
-        row("dag", f"DAG drain C={conc}: {args.layers} layers x {n // args.layers} jobs",
-            rate(r), f"vs flat {rate(flat_rates[conc])}: {r / flat_rates[conc]:.2f}  {check(v, n)}")
+        for chains in (1, 4):
+            dsn = await fresh_db(DB)
+            await A._install(dsn)
+            async with A._queue(dsn) as q:
+                n = await build_dag(q, args.n, args.layers, chains)
+            span, v = await drain_aiojobqueue(dsn, conc)
+            r = n / span
+            for k in ("completed", "distinct"):  # the layer containers are done too, never run
+                v[k] -= args.layers
+            shape = (f"{args.layers} layers x {n // args.layers} jobs" if chains == 1 else
+                     f"the same as {chains} chains of {args.layers // chains}")
+            row("dag", f"DAG drain C={conc}: {shape}", rate(r),
+                f"vs flat {rate(flat_rates[conc])}: {r / flat_rates[conc]:.2f}  {check(v, n)}")
 
 
 LARGE_SQL = """

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from conftest import eventually
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 from tcpproxy import TcpProxy
@@ -89,46 +90,98 @@ async def test_edge_added_while_a_job_with_dependents_finalizes_is_released(
             assert any(xref.id in took for _, took in one_calls), one_calls
 
 
-@PG_ONLY
-async def test_the_routine_declines_a_container_roll_up_and_changes_nothing(
-    make_queue: Callable[..., JobQueue], one_calls: list[tuple[list[int], set[int]]],
+async def test_last_children_roll_their_containers_up_and_release_what_waits(
+    make_queue: Callable[..., JobQueue], db: str,
+    one_calls: list[tuple[list[int], set[int]]],
 ) -> None:
-    """The last child of a container: the routine declines (its container must be rolled
-    up, which the long path does), leaving the job running until that path finishes it; a
-    child whose sibling is still live is finished by the routine."""
+    """The last child of an inner container, itself the last child of an outer one: both
+    roll up, and the next container (waiting on the outer one) is activated and runs its
+    children, in order. On PostgreSQL the routine does all of it in the child's call."""
     q = make_queue()
+    order: list[str] = []
     gate = asyncio.Event()
 
-    @q.handler("first")
-    async def first(ctx: JobContext) -> None:
-        return None
-
-    @q.handler("last")
-    async def last(ctx: JobContext) -> None:
-        await gate.wait()
+    @q.handler("step")
+    async def step(ctx: JobContext, name: str) -> None:
+        if name == "last":
+            await gate.wait()
+        order.append(name)
 
     async with q:
         async with q.batch() as b:
-            box = b.container("box")
-            a = b.add("first", {}, parent=box)
-            z = b.add("last", {}, parent=box)
-            after = b.add("first", {}, depends_on=[box])
+            outer = b.container("outer")
+            inner = b.container("inner", parent=outer)
+            first = b.add("step", {"name": "first"}, parent=inner)
+            last = b.add("step", {"name": "last"}, parent=inner, depends_on=[first])
+            nxt = b.container("next", depends_on=[outer])
+            head = b.add("step", {"name": "head"}, parent=nxt)
+            tail = b.add("step", {"name": "tail"}, parent=nxt, depends_on=[head])
         serving = asyncio.create_task(q.serve())
         try:
-            assert await q.wait(a.id, timeout=15) is None
-            assert (await q.get(box.id)).state == JobState.ACTIVE
+            assert await q.wait(first.id, timeout=15) is None
+            assert (await q.get(inner.id)).state == JobState.ACTIVE
+            assert (await q.get(nxt.id)).state == JobState.WAITING
             gate.set()
-            assert await q.wait(after.id, timeout=15) is None
+            assert await q.wait(tail.id, timeout=15) is None
         finally:
             serving.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await serving
-        assert (await q.get(box.id)).state == JobState.DONE
+        assert order == ["first", "last", "head", "tail"]
+        for box in (inner, outer, nxt):
+            assert (await q.get(box.id)).state == JobState.DONE
+    if db == "postgresql":
+        took = {i for _, t in one_calls for i in t}
+        assert {first.id, last.id, head.id, tail.id} <= took, one_calls
+
+
+@PG_ONLY
+async def test_the_routine_declines_a_failed_roll_up_and_changes_nothing(
+    make_queue: Callable[..., JobQueue], one_calls: list[tuple[list[int], set[int]]],
+) -> None:
+    """A container whose other child failed: the last child's call declines (the failure
+    and the cancellation of what waits on the container are the long path's), leaving
+    nothing half done; the long path then fails the container and cancels its dependent."""
+    q = make_queue()
+    gate = asyncio.Event()
+
+    @q.handler("bad")
+    async def bad(ctx: JobContext) -> None:
+        raise RuntimeError("no")
+
+    @q.handler("last")
+    async def last_(ctx: JobContext) -> None:
+        await gate.wait()
+
+    @q.handler("after")
+    async def after_(ctx: JobContext) -> None:
+        return None
+
+    async with q:
+        async with q.batch() as b:
+            box = b.container("box")
+            a = b.add("bad", {}, parent=box, max_attempts=1)
+            z = b.add("last", {}, parent=box)
+            after = b.add("after", {}, depends_on=[box])
+        serving = asyncio.create_task(q.serve())
+        try:
+            await eventually(lambda: _state(q, a.id, JobState.FAILED))
+            assert (await q.get(box.id)).state == JobState.ACTIVE
+            gate.set()
+            await eventually(lambda: _state(q, after.id, JobState.CANCELLED))
+        finally:
+            serving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await serving
+        assert (await q.get(box.id)).state == JobState.FAILED
         assert (await q.get(z.id)).state == JobState.DONE
     given = {i for ids, _ in one_calls for i in ids}
     took = {i for _, t in one_calls for i in t}
-    assert a.id in took  # its sibling was live: no roll-up
-    assert z.id in given and z.id not in took  # declined: the roll-up path finished it
+    assert z.id in given and z.id not in took  # declined: the long path finished it
+
+
+async def _state(q: JobQueue, job_id: int, state: str) -> bool:
+    return bool((await q.get(job_id)).state == state)
 
 
 @PG_ONLY

@@ -156,13 +156,14 @@ class DialectOps(ABC):
         return None
 
     def settle_routine(
-        self, finish: Callable[[Any, Any, Any, Any], Any], release: Callable[[Any], Any]
+        self, finish: Callable[[Any, Any, Any, Any], Any], release: Callable[[Any], Any],
+        activate: Callable[[Any], Any],
     ) -> tuple[str, list[str]] | None:
         """(name, DDL statements) of the server-side routines that finalize successes and
         release their dependents in one call (see Completer.finish_in_one_call), or None
-        where the dialect has none. ``finish(ids, attempt, owner, result)`` and
-        ``release(ids)`` build the statements they run, given the expressions of their own
-        variables."""
+        where the dialect has none. ``finish(ids, attempt, owner, result)``, ``release(ids)``
+        and ``activate(container ids)`` build the statements they run, given the expressions
+        of their own variables."""
         return None
 
     def settle_calls(self, name: str) -> tuple[Any, Any]:

@@ -75,7 +75,8 @@ class PostgresOps(DialectOps):
         return func.pg_notify(self.channel(), "")
 
     def settle_routine(
-        self, finish: Callable[[Any, Any, Any, Any], Any], release: Callable[[Any], Any]
+        self, finish: Callable[[Any, Any, Any, Any], Any], release: Callable[[Any], Any],
+        activate: Callable[[Any], Any],
     ) -> tuple[str, list[str]]:
         """Two PL/pgSQL functions. ``<name>_rel(ids)`` releases the dependents of the
         finished ``ids`` (the statement of Completer._drop_deps_stmt; finish_detailed() calls
@@ -85,17 +86,19 @@ class PostgresOps(DialectOps):
         to release a fan-out of 5,000, 63 ms with a hash join).
 
         ``<name>(ids, attempt, owner, results)``: the fenced done UPDATE (storing the
-        results), then the same release (in line: a nested call costs ~0.1 ms; nested loops
-        off here too, and none of its other statements joins), then a look at the parents.
-        A VOLATILE function takes a fresh snapshot for each statement (READ COMMITTED), so
-        the release reads every edge committed before the finished rows were locked (the
-        UPDATE holds them), as the two statements of finish_detailed() do in one
-        transaction; an edge added later waits for those locks and then sees the job done.
-        Called in autocommit, the whole call is one transaction and one round trip. Where
-        the call would activate a container or may finish one (a parent with no live child
-        job that the call holds locked is locked, then looked at), it raises inside its own
-        block, so everything it did is undone, and returns NULL: the caller then takes the
-        long path, which does roll-ups. Else it returns the ids it finished."""
+        results), then what settle() does in the common cases: the same release (in line: a
+        nested call costs ~0.1 ms; nested loops off here too, and none of its other
+        statements joins), the activation of containers it releases, the roll-up of
+        containers whose last child finished, round after round. A VOLATILE function takes a
+        fresh snapshot for each statement (READ COMMITTED), so the release reads every edge
+        committed before the finished rows were locked (the UPDATE holds them), as the
+        statements of finish_detailed() do in one transaction; an edge added later waits for
+        those locks and then sees the job done; a roll-up reads the children after locking
+        the container. Called in autocommit, the whole call is one transaction and one round
+        trip. Where a child failed or was cancelled (cancellations to propagate), or an
+        activated container holds another container or may be empty, it raises inside its
+        own block, so everything it did is undone, and returns NULL: the caller then takes
+        the long path. Else it returns the ids it finished."""
         from sqlalchemy.dialects.postgresql.asyncpg import PGDialect_asyncpg
 
         dialect = PGDialect_asyncpg()  # type: ignore[no-untyped-call]
@@ -106,7 +109,7 @@ class PostgresOps(DialectOps):
         def ids(var: str) -> Callable[[Any], Any]:
             return lambda col: col == any_(literal_column(var))
 
-        from ..schema import CONTAINER, LIVE, READY, TERMINAL, WAITING
+        from ..schema import CANCELLED, CONTAINER, DONE, FAILED, LIVE, READY, WAITING
 
         jobs = self.t.jobs.name
         # p_results: NULL (no job returned anything) or a JSON array in p_ids' order, whose
@@ -116,7 +119,6 @@ class PostgresOps(DialectOps):
             f"CASE WHEN p_results IS NOT NULL THEN NULLIF(p_results -> "
             f"(array_position(p_ids, {jobs}.id) - 1), 'null'::jsonb) END")
         live = ", ".join(f"'{x}'" for x in LIVE)
-        ended = ", ".join(f"'{x}'" for x in TERMINAL)
         rel_body = f"""
 #variable_conflict use_column
 DECLARE
@@ -134,40 +136,77 @@ BEGIN
 END"""
         body = f"""
 DECLARE
-  v_ids bigint[]; v_deps bigint[]; v_parents bigint[]; v_busy bigint[] := '{{}}';
-  v_boxes boolean := false; v_ready boolean := false; v_p bigint;
+  v_ids bigint[]; v_rel bigint[]; v_parents bigint[]; v_next bigint[];
+  v_busy bigint[] := '{{}}'; v_act bigint[] := '{{}}'; v_kids bigint[]; v_b bigint[];
+  v_ready boolean := false; v_r boolean; v_nested boolean; v_p bigint; v_pp bigint;
 BEGIN
   WITH u AS ({sql(finish(ids("p_ids"), literal_column("p_a"), literal_column("p_o"), result))})
   SELECT coalesce(array_agg(u.id), '{{}}'),
          coalesce(array_agg(u.id) FILTER (WHERE u.has_dependents), '{{}}'),
          coalesce(array_agg(DISTINCT u.parent_id) FILTER (WHERE u.parent_id IS NOT NULL), '{{}}')
-    INTO v_ids, v_deps, v_parents FROM u;
-  IF cardinality(v_deps) > 0 THEN
-    WITH r AS ({sql(release(ids("v_deps")))})
-    SELECT coalesce(array_agg(DISTINCT r.parent_id)
-                      FILTER (WHERE r.kind <> '{CONTAINER}' AND r.parent_id IS NOT NULL), '{{}}'),
-           coalesce(bool_or(r.kind = '{CONTAINER}' AND r.state <> '{WAITING}'), false),
-           coalesce(bool_or(r.kind <> '{CONTAINER}' AND r.state = '{READY}'), false)
-      INTO v_busy, v_boxes, v_ready FROM r;
-    IF v_boxes THEN
-      RAISE EXCEPTION USING ERRCODE = 'AJQ01';
+    INTO v_ids, v_rel, v_parents FROM u;
+  -- settle() in rounds: release what waits on v_rel, activate the containers that releases,
+  -- roll up the parents no live child job held here keeps open; the rolled-up containers
+  -- are the next round's v_rel, their parents its candidates
+  LOOP
+    IF cardinality(v_rel) > 0 THEN
+      WITH r AS ({sql(release(ids("v_rel")))})
+      SELECT coalesce(array_agg(DISTINCT r.parent_id)
+                        FILTER (WHERE r.kind <> '{CONTAINER}' AND r.parent_id IS NOT NULL), '{{}}'),
+             coalesce(array_agg(r.id) FILTER (WHERE r.kind = '{CONTAINER}'
+                                                AND r.state <> '{WAITING}'), '{{}}'),
+             coalesce(bool_or(r.kind <> '{CONTAINER}' AND r.state = '{READY}'), false)
+        INTO v_b, v_act, v_r FROM r;
+      v_busy := v_busy || v_b;
+      v_ready := v_ready OR v_r;
     END IF;
-    IF v_ready THEN
-      PERFORM pg_notify('{self.channel()}', '');
-    END IF;
-  END IF;
-  -- a parent with a live child job this call holds locked cannot finish before it commits
-  v_parents := ARRAY(SELECT unnest(v_parents) EXCEPT SELECT unnest(v_busy) ORDER BY 1);
-  IF cardinality(v_parents) > 0 THEN
-    PERFORM 1 FROM {jobs} WHERE id = ANY(v_parents) ORDER BY id FOR UPDATE;
-    FOREACH v_p IN ARRAY v_parents LOOP
-      PERFORM 1 FROM {jobs} WHERE id = v_p AND state NOT IN ({ended});
-      CONTINUE WHEN NOT FOUND;
-      PERFORM 1 FROM {jobs} WHERE parent_id = v_p AND state IN ({live}) LIMIT 1;
-      IF NOT FOUND THEN  -- its last child: the roll-up is the long path's
+    IF cardinality(v_act) > 0 THEN
+      WITH k AS ({sql(activate(ids("v_act")))})
+      SELECT coalesce(bool_or(k.kind = '{CONTAINER}' AND k.state <> '{WAITING}'), false),
+             coalesce(array_agg(DISTINCT k.parent_id) FILTER (WHERE k.kind <> '{CONTAINER}'),
+                      '{{}}'),
+             coalesce(bool_or(k.kind <> '{CONTAINER}' AND k.state = '{READY}'), false)
+        INTO v_nested, v_kids, v_r FROM k;
+      -- a container activated in turn, or one that may be empty (to roll up at once): the
+      -- long path's
+      IF v_nested OR EXISTS (SELECT unnest(v_act) EXCEPT SELECT unnest(v_kids)) THEN
         RAISE EXCEPTION USING ERRCODE = 'AJQ01';
       END IF;
-    END LOOP;
+      v_busy := v_busy || v_kids;
+      v_ready := v_ready OR v_r;
+      v_act := '{{}}';
+    END IF;
+    -- a parent with a live child job this call holds locked cannot finish before it commits
+    v_parents := ARRAY(SELECT unnest(v_parents) EXCEPT SELECT unnest(v_busy) ORDER BY 1);
+    v_rel := '{{}}';
+    v_next := '{{}}';
+    IF cardinality(v_parents) > 0 THEN
+      PERFORM 1 FROM {jobs} WHERE id = ANY(v_parents) ORDER BY id FOR UPDATE;
+      FOREACH v_p IN ARRAY v_parents LOOP
+        PERFORM 1 FROM {jobs} WHERE id = v_p AND state IN ({live});
+        CONTINUE WHEN NOT FOUND;  -- ended already (cancelled, say)
+        PERFORM 1 FROM {jobs} WHERE parent_id = v_p AND state IN ({live}) LIMIT 1;
+        CONTINUE WHEN FOUND;
+        -- a failed or cancelled child fails the container and cancels what waits on it
+        PERFORM 1 FROM {jobs} WHERE parent_id = v_p AND state IN ('{FAILED}', '{CANCELLED}')
+          LIMIT 1;
+        IF FOUND THEN
+          RAISE EXCEPTION USING ERRCODE = 'AJQ01';
+        END IF;
+        UPDATE {jobs} SET state = '{DONE}', error = NULL, finished_at = statement_timestamp(),
+                          live_key = NULL
+          WHERE id = v_p RETURNING parent_id INTO v_pp;
+        v_rel := v_rel || v_p;
+        IF v_pp IS NOT NULL THEN
+          v_next := v_next || v_pp;
+        END IF;
+      END LOOP;
+    END IF;
+    EXIT WHEN cardinality(v_rel) = 0;
+    v_parents := v_next;
+  END LOOP;
+  IF v_ready THEN
+    PERFORM pg_notify('{self.channel()}', '');
   END IF;
   RETURN v_ids;
 EXCEPTION WHEN SQLSTATE 'AJQ01' THEN
