@@ -157,7 +157,7 @@ async def claim(
     out: list[Any] = []
     # With one group only (seen recently, no group caps) fair share has nothing to split:
     # skip the per-group census for a moment. A new group is seen within GROUPS_EVERY, or at
-    # once when the known one runs dry.
+    # once when the known one runs dry (at the latest by the claim that follows at once).
     cached = (q._single_group is not None and not q.group_limits
               and now - q._groups_at < (q.poll_interval if quick
                                         else min(GROUPS_EVERY, q.poll_interval)))
@@ -167,8 +167,14 @@ async def claim(
             demand = {q._single_group: GroupDemand(1)}
         else:
             demand = await _demand(q, conn, types)
-            q._groups_at = now
-            q._single_group = next(iter(demand)) if len(demand) == 1 else None
+            q._groups_at, q._census_due = now, False
+            if len(demand) == 1:
+                q._single_group = next(iter(demand))
+            elif demand:
+                q._single_group = None
+            # else nothing is runnable now: the group known to be the only one stays cached,
+            # so the next claim (say, after this worker's finalize released its dependents)
+            # picks at once; if that group is dry then, the census runs again as above
         # Work-conserving: a group with fewer runnable jobs than its share hands the rest on.
         for _ in range(len(demand) + 1):
             if free <= 0 or not demand:
@@ -208,6 +214,12 @@ async def claim(
             if not exhausted:
                 break
         if not cached or free <= 0:
+            break
+        if out or ids:
+            # The known group ran short, not dry: hand these jobs over now (a DAG step waits
+            # on them); the worker claims again at once, and that claim looks for other
+            # groups if the known one is dry by then.
+            q._census_due = True
             break
         cached = False  # the one known group ran dry: look for others now
     if ids:

@@ -108,6 +108,7 @@ class JobQueue:
         self._known_groups: set[str] = set()
         self._promoted_at = 0.0  # monotonic time of this process's last promotion sweep
         self._groups_at = 0.0  # ... and of its last census of groups with runnable jobs
+        self._census_due = False  # a claim left the census to the next one (see claim())
         self._single_group: str | None = None  # the only such group then, if just one
         # Hot statements built once (claim, finalize): no per-round construction and one
         # compiled form each; keyed by their role and shape.

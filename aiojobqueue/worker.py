@@ -179,8 +179,10 @@ class Worker:
                 if idle_now and await self._idle(types):
                     return
                 # A full claim means more may be waiting, and outcomes that arrived meanwhile
-                # should be written: go again at once.
-                delay = 0.0 if (got and len(got) == want) or self.outbox else q.poll_interval
+                # should be written: go again at once (also when the claim left its look
+                # for other groups to the next one).
+                delay = (0.0 if (got and len(got) == want) or self.outbox or q._census_due
+                         else q.poll_interval)
         finally:
             self._pumping = False
 

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import any_, insert, literal_column, select, text
+from sqlalchemy import any_, event, insert, literal_column, select, text
 
 from aiojobqueue import JobQueue, JobState
 from aiojobqueue.claim import Claimed, claim
@@ -229,3 +229,37 @@ async def test_release_of_a_wide_fan_out_is_not_quadratic_on_a_fresh_table(
             await conn.rollback()
         assert any("rows=3000 " in x and "Update on" in x for x in plan), plan
         assert not any("Join Filter" in x or "Nested Loop" in x for x in plan), plan
+
+
+async def test_a_short_claim_of_the_only_group_hands_over_without_a_census(
+    make_queue: Callable[..., JobQueue],
+) -> None:
+    """A DAG step releases a few jobs of the one known group: the claim that takes them
+    (fewer than it wanted, but some) returns them without first looking for other groups,
+    which the claim after it does if the known group is dry by then: a group that appeared
+    meanwhile is found at once."""
+    q = make_queue()
+    async with q:
+        G = q._t.groups.name
+        seen: list[str] = []
+
+        def spy(_c: Any, _cur: Any, stmt: str, *_: Any) -> None:
+            seen.append(stmt)
+
+        await q.enqueue("t", {}, group="a")
+        assert len(await claim_now(q, 5)) == 1  # the first census: "a" is the only group
+        await q.enqueue("t", {}, group="a")
+        event.listen(q.engine.sync_engine, "before_cursor_execute", spy)
+        try:
+            got = await claim_now(q, 5)
+            assert [c.group for c in got] == ["a"]
+            assert not any(G in s for s in seen), seen  # no census before handing over
+            assert q._census_due
+            await q.enqueue("t", {}, group="b")
+            seen.clear()
+            got = await claim_now(q, 5)  # "a" is dry: look for others now
+            assert [c.group for c in got] == ["b"]
+            assert any(G in s for s in seen)
+            assert not q._census_due
+        finally:
+            event.remove(q.engine.sync_engine, "before_cursor_execute", spy)
