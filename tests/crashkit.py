@@ -52,10 +52,12 @@ class Fleet:
         return p
 
     def kill(self, p: subprocess.Popen[bytes]) -> None:
-        """SIGKILL: no shutdown, no release, nothing written."""
-        self.note("kill", child=p.pid)
+        """SIGKILL: no shutdown, no release, nothing written. The event's time is taken once
+        the process is gone: noted before the signal, an event the worker logged in between
+        would seem to come after its death."""
         p.kill()
         p.wait()
+        self.note("kill", child=p.pid)
 
     def term(self, p: subprocess.Popen[bytes]) -> None:
         self.note("term", child=p.pid)

@@ -121,7 +121,8 @@ async def test_chaos_sigkill_workers_over_a_dag(
                 k = kill_t.get(s["pid"])
                 if k is None or k < s["t"] or (nxt is not None and k > nxt):
                     problems.append(f"job {jid} attempt {a} (pid {s['pid']}) re-ran without "
-                                    f"its worker being killed")
+                                    f"its worker being killed (started {s['t']:.3f}, killed "
+                                    f"{k}, next attempt {nxt})")
                 elif nxt is not None:
                     recover.append(nxt - k)
         for jid, ups in deps.items():
