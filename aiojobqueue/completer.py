@@ -95,7 +95,9 @@ class Completer:
         stmt = self._stmt("finish.alone" if alone else "finish.plain",
                           lambda: self._plain_stmt(alone))
         out: list[tuple[Any, int]] = []
-        for (a, owner), ids in _by_attempt(outcomes):
+        for (a, owner), group in _by_attempt(outcomes):
+            assert all(o.result is None for o in group)
+            ids = [o.job_id for o in group]
             for i in range(0, len(ids), CHUNK):
                 rows = await conn.execute(stmt, {"ids": ids[i : i + CHUNK], "a": a, "o": owner})
                 out += [(r, a) for r in rows]
@@ -136,12 +138,7 @@ class Completer:
         stmt = self.q._settle_call
         assert stmt is not None
         took: set[tuple[int, int]] = set()
-        by: dict[tuple[int, str], list[Outcome]] = defaultdict(list)
-        for o in outcomes:
-            assert o.kind == "done"
-            by[(o.attempt, o.owner)].append(o)
-        for (a, owner), group in sorted(by.items()):
-            group.sort(key=lambda o: o.job_id)
+        for (a, owner), group in _by_attempt(outcomes):
             for i in range(0, len(group), CHUNK):
                 part = group[i : i + CHUNK]
                 results = [o.result for o in part]
@@ -765,13 +762,16 @@ class Completer:
         return ids
 
 
-def _by_attempt(outcomes: Iterable[Outcome]) -> list[tuple[tuple[int, str], list[int]]]:
-    """Successes without a result, grouped by (attempt, owner): their ids, sorted."""
-    by: dict[tuple[int, str], list[int]] = defaultdict(list)
+def _by_attempt(
+    outcomes: Iterable[Outcome],
+) -> list[tuple[tuple[int, str], list[Outcome]]]:
+    """Successes grouped by (attempt, owner), each group in job id order (one fenced
+    statement per group; rows locked in id order)."""
+    by: dict[tuple[int, str], list[Outcome]] = defaultdict(list)
     for o in outcomes:
-        assert o.kind == "done" and o.result is None
-        by[(o.attempt, o.owner)].append(o.job_id)
-    return [(k, sorted(ids)) for k, ids in sorted(by.items())]
+        assert o.kind == "done"
+        by[(o.attempt, o.owner)].append(o)
+    return [(k, sorted(g, key=lambda o: o.job_id)) for k, g in sorted(by.items())]
 
 
 def _cancel_error(cause: int | None, cause_state: str | None = None) -> dict[str, Any]:

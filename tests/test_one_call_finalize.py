@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -26,6 +26,18 @@ from aiojobqueue.completer import Completer
 from aiojobqueue.schema import build_tables
 
 PG_ONLY = pytest.mark.parametrize("db", ["postgresql"], indirect=True)
+
+
+@contextlib.asynccontextmanager
+async def serving(q: JobQueue) -> AsyncIterator[None]:
+    """``q.serve()`` in the background for the block's duration."""
+    task = asyncio.create_task(q.serve())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 @pytest.fixture
@@ -70,8 +82,7 @@ async def test_edge_added_while_a_job_with_dependents_finalizes_is_released(
         async with observer.batch() as b:
             xref = b.add("x", {})
             zref = b.add("after", {"name": "z"}, depends_on=[xref])
-        serving = asyncio.create_task(q.serve())
-        try:
+        async with serving(q):
             await asyncio.wait_for(started.wait(), 15)
             async with observer.engine.begin() as conn:
                 # the edge is written and x's row locked in this open transaction ...
@@ -81,10 +92,6 @@ async def test_edge_added_while_a_job_with_dependents_finalizes_is_released(
                 await asyncio.sleep(0.5)
             assert await observer.wait(yref.id, timeout=15) is None
             assert await observer.wait(zref.id, timeout=15) is None
-        finally:
-            serving.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await serving
         assert order[0] == "x" and sorted(order[1:]) == ["y", "z"], order
         if db == "postgresql":  # the case above went through the routine
             assert any(xref.id in took for _, took in one_calls), one_calls
@@ -116,17 +123,12 @@ async def test_last_children_roll_their_containers_up_and_release_what_waits(
             nxt = b.container("next", depends_on=[outer])
             head = b.add("step", {"name": "head"}, parent=nxt)
             tail = b.add("step", {"name": "tail"}, parent=nxt, depends_on=[head])
-        serving = asyncio.create_task(q.serve())
-        try:
+        async with serving(q):
             assert await q.wait(first.id, timeout=15) is None
             assert (await q.get(inner.id)).state == JobState.ACTIVE
             assert (await q.get(nxt.id)).state == JobState.WAITING
             gate.set()
             assert await q.wait(tail.id, timeout=15) is None
-        finally:
-            serving.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await serving
         assert order == ["first", "last", "head", "tail"]
         for box in (inner, outer, nxt):
             assert (await q.get(box.id)).state == JobState.DONE
@@ -163,16 +165,11 @@ async def test_the_routine_declines_a_failed_roll_up_and_changes_nothing(
             a = b.add("bad", {}, parent=box, max_attempts=1)
             z = b.add("last", {}, parent=box)
             after = b.add("after", {}, depends_on=[box])
-        serving = asyncio.create_task(q.serve())
-        try:
+        async with serving(q):
             await eventually(lambda: _state(q, a.id, JobState.FAILED))
             assert (await q.get(box.id)).state == JobState.ACTIVE
             gate.set()
             await eventually(lambda: _state(q, after.id, JobState.CANCELLED))
-        finally:
-            serving.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await serving
         assert (await q.get(box.id)).state == JobState.FAILED
         assert (await q.get(z.id)).state == JobState.DONE
     given = {i for ids, _ in one_calls for i in ids}
@@ -205,14 +202,9 @@ async def test_one_call_finalize_whose_answer_was_lost_is_finalized_once(
         async with observer.batch() as b:
             up = b.add("step", {"name": "up"})
             down = b.add("step", {"name": "down"}, depends_on=[up])
-        async with q:
-            serving = asyncio.create_task(q.serve())
-            try:
-                assert await observer.wait(down.id, timeout=30) is None
-                await asyncio.sleep(0.5)  # let any stray second run or finalize show itself
-            finally:
-                serving.cancel()
-                await asyncio.gather(serving, return_exceptions=True)
+        async with q, serving(q):
+            assert await observer.wait(down.id, timeout=30) is None
+            await asyncio.sleep(0.5)  # let any stray second run or finalize show itself
         assert px.ambiguous_commits == 1, "the fault was not injected"
         job = await observer.get(up.id)
         assert job.state == JobState.DONE and job.attempts == 1
@@ -296,15 +288,10 @@ async def test_results_are_stored_by_the_one_call_path(
         async with q.batch() as b:
             ups = {i: b.add("emit", {"i": i}) for i in values}
             down = b.add("read", {}, depends_on=list(ups.values()))
-        serving = asyncio.create_task(q.serve())
-        try:
+        async with serving(q):
             await asyncio.sleep(0.3)
             gate.set()
             assert await q.wait(down.id, timeout=15) is None
-        finally:
-            serving.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await serving
         for i, ref in ups.items():
             job = await q.get(ref.id)
             assert job.state == JobState.DONE and job.result == values[i], (i, job.result)
