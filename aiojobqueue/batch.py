@@ -7,7 +7,7 @@ import math
 import uuid
 from collections import defaultdict, deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -77,6 +77,8 @@ class JobRef:
 
 
 Ref = JobRef | int
+#: A job in the batch's graph: ("n", index) for a fresh one, ("e", id) for an existing one.
+Node = tuple[str, int]
 
 
 @dataclass(slots=True)
@@ -94,7 +96,10 @@ class _Spec:
     depends_on: list[Ref]
     parent: Ref | None
     is_container: bool
-    # filled during insert
+    # filled during insert: graph nodes (see insert_specs), state, pending counter
+    node: Node = ("n", 0)
+    dep_nodes: list[Node] = field(default_factory=list)
+    parent_node: Node | None = None
     state: str = ""
     pending: int = 0
     cancelled_by: int | None = None
@@ -262,7 +267,7 @@ async def insert_specs(
     q: JobQueue, conn: AsyncConnection, specs: Sequence[_Spec]
 ) -> tuple[list[int], bool]:
     """Insert ``specs`` on ``conn`` (inside a transaction). Returns (ids, any_ready)."""
-    J, D = q._t.jobs, q._t.deps
+    J = q._t.jobs
     own = {id(s.ref) for s in specs}
 
     def is_new(r: Ref) -> bool:
@@ -296,7 +301,7 @@ async def insert_specs(
     if not fresh:
         return [s.ref.id for s in specs], False
 
-    def node(r: Ref) -> tuple[str, int]:
+    def node(r: Ref) -> Node:
         """Graph node: ("n", index) for a fresh job, ("e", id) for an existing one."""
         if is_new(r):
             assert isinstance(r, JobRef)
@@ -305,10 +310,15 @@ async def insert_specs(
             return ("n", r._index)
         return ("e", ext_id(r))
 
-    def resolve(r: Ref) -> int:
-        kind, k = node(r)
-        return by_index[k].ref.id if kind == "n" else k
+    def resolve(n: Node) -> int:
+        return by_index[n[1]].ref.id if n[0] == "n" else n[1]
 
+    # Each ref resolved once (the graph work below looks at every edge several times).
+    for s in fresh:
+        s.node = node(s.ref)
+        if s.depends_on:  # the same upstream listed twice is one edge
+            s.dep_nodes = list(dict.fromkeys(node(d) for d in s.depends_on))
+        s.parent_node = node(s.parent) if s.parent is not None else None
     by_index = {s.ref._index: s for s in fresh}
     existing: dict[int, Any] = {}
     ups: set[tuple[str, int]] = set()
@@ -316,7 +326,7 @@ async def insert_specs(
     # form a cycle and is one level: skip the graph work below.
     graph = any(s.depends_on or s.parent is not None for s in fresh)
     if graph:
-        levels = await _plan_graph(q, conn, fresh, node, existing, ups)
+        levels = await _plan_graph(q, conn, fresh, existing, ups)
     else:
         for s in fresh:
             s.state = (S.ACTIVE if s.is_container
@@ -330,8 +340,9 @@ async def insert_specs(
     for level in levels:
         n = len(level)
         if graph:
-            parents = [resolve(s.parent) if s.parent is not None else None for s in level]
-            flagged = [node(s.ref) in ups for s in level]
+            parents = [resolve(s.parent_node) if s.parent_node is not None else None
+                       for s in level]
+            flagged = [s.node in ups for s in level]
             errors = [
                 json.dumps({"type": "UpstreamFailed", "message": f"upstream {s.cancelled_by} "
                             f"{existing[s.cancelled_by].state}"})
@@ -350,10 +361,8 @@ async def insert_specs(
         for s, new_id in zip(level, ids, strict=True):
             s.ref._id = new_id
     if graph:
-        edges = [{"job_id": s.ref.id, "depends_on_id": resolve(d)}
-                 for s in fresh for d in s.depends_on]
-        for i in range(0, len(edges), CHUNK * 5):
-            await conn.execute(insert(D), edges[i : i + CHUNK * 5])
+        downs = [s.ref.id for s in fresh for _ in s.dep_nodes]
+        await q._ops.insert_edges(conn, downs, [resolve(d) for s in fresh for d in s.dep_nodes])
     groups = sorted({s.group for s in fresh if not s.is_container})
     if groups:
         await q._ensure_groups(conn, groups)
@@ -391,23 +400,18 @@ async def _plan_graph(
     q: JobQueue,
     conn: AsyncConnection,
     fresh: Sequence[_Spec],
-    node: Any,
     existing: dict[int, Any],
-    ups: set[tuple[str, int]],
+    ups: set[Node],
 ) -> list[list[_Spec]]:
     """Lock and read the existing jobs the batch refers to (into ``existing``), reject
     cycles, set each fresh spec's state and pending counter, flag every upstream (into
     ``ups``) and return the fresh specs in insert levels (parents before children)."""
     J = q._t.jobs
-    for s in fresh:  # the same upstream listed twice is one edge
-        if len(s.depends_on) > 1:
-            s.depends_on = list({node(d): d for d in s.depends_on}.values())
-
     # Existing jobs that are referenced: lock them (a finalize updates them too, and must
     # either see our edges or finish before we read its state) and read them.
     ext_ids = sorted(
-        {k for s in fresh for r in [*s.depends_on, *([s.parent] if s.parent else [])]
-         for kind, k in [node(r)] if kind == "e"}
+        {k for s in fresh for kind, k in [*s.dep_nodes, *([s.parent_node] if s.parent_node
+                                                           else [])] if kind == "e"}
     )
     for i in range(0, len(ext_ids), CHUNK):
         stmt = q._ops.for_update(
@@ -420,8 +424,8 @@ async def _plan_graph(
     if missing:
         raise UnknownJobError(f"unknown job id(s) in depends_on/parent: {missing[:10]}")
     for s in fresh:
-        if s.parent is not None and node(s.parent)[0] == "e":
-            p = existing[node(s.parent)[1]]
+        if s.parent_node is not None and s.parent_node[0] == "e":
+            p = existing[s.parent_node[1]]
             if p.kind != S.CONTAINER:
                 raise InvalidJobError(f"parent {p.id} is a job, not a container")
             if p.state in S.TERMINAL:
@@ -429,37 +433,36 @@ async def _plan_graph(
                     f"container {p.id} has already finished ({p.state}); it takes no new children"
                 )
 
-    await _check_cycles(q, conn, fresh, node)
+    await _check_cycles(q, conn, fresh)
 
     # States and pending counters, parents and upstreams first.
-    order = _parent_first(fresh, node)
-    state: dict[tuple[str, int], str] = {("e", i): r.state for i, r in existing.items()}
-    cause: dict[tuple[str, int], int] = {("e", i): i for i, r in existing.items()
-                                         if r.state in (S.FAILED, S.CANCELLED)}
+    order = _parent_first(fresh)
+    state: dict[Node, str] = {("e", i): r.state for i, r in existing.items()}
+    cause: dict[Node, int] = {("e", i): i for i, r in existing.items()
+                              if r.state in (S.FAILED, S.CANCELLED)}
     # Jobs whose pending holds their container's credit (S.CREDIT), and their parent.
-    parent: dict[tuple[str, int], Any] = {("e", i): ("e", r.parent_id)
-                                          for i, r in existing.items()}
+    parent: dict[Node, Any] = {("e", i): ("e", r.parent_id) for i, r in existing.items()}
     credited = {("e", i) for i, r in existing.items()
                 if r.state == S.WAITING and r.pending >= S.CREDIT}
     for s in order:
-        n = node(s.ref)
+        n = s.node
         pending = 0
-        for d in s.depends_on:
-            dn = node(d)
+        for dn in s.dep_nodes:
             if state[dn] == S.DONE:
                 continue
             pending += 1
             if dn in cause:
                 cause.setdefault(n, cause[dn])
-        if s.parent is not None:
-            pn = parent[n] = node(s.parent)
+        pn = s.parent_node
+        if pn is not None:
+            parent[n] = pn
             if pn in cause:
                 cause.setdefault(n, cause[pn])
             # No credit for a job that waits on a sibling holding one: that sibling cannot
             # run before the container is active, so neither can this job, and activating
             # the container then rewrites only the credited rows.
             if state[pn] != S.ACTIVE and not any(
-                    node(d) in credited and parent.get(node(d)) == pn for d in s.depends_on):
+                    d in credited and parent.get(d) == pn for d in s.dep_nodes):
                 pending += S.CREDIT
                 credited.add(n)
         s.pending = pending
@@ -477,13 +480,13 @@ async def _plan_graph(
     levels: dict[int, list[_Spec]] = defaultdict(list)
     depth: dict[int, int] = {}
     for s in order:
-        up = node(s.parent) if s.parent is not None else None
+        up = s.parent_node
         depth[s.ref._index] = depth[up[1]] + 1 if up is not None and up[0] == "n" else 0
         levels[depth[s.ref._index]].append(s)
 
     # Flag every upstream (under the row locks taken above for existing ones): a finalize
     # that finds the flag unset knows no edge can be waiting on it (completer.finish_fast).
-    ups.update(node(d) for s in fresh for d in s.depends_on)
+    ups.update(d for s in fresh for d in s.dep_nodes)
     live_ups = sorted(k for kind, k in ups if kind == "e" and existing[k].state not in S.TERMINAL)
     for i in range(0, len(live_ups), CHUNK):
         await conn.execute(update(J).where(J.c.id.in_(live_ups[i : i + CHUNK]))
@@ -666,15 +669,14 @@ async def _insert_rows(
     return [ids[i] for i in range(len(rows))]
 
 
-def _parent_first(specs: Sequence[_Spec], node: Any) -> list[_Spec]:
+def _parent_first(specs: Sequence[_Spec]) -> list[_Spec]:
     """Order fresh specs so every parent and every fresh dependency comes first."""
     idx = {s.ref._index: s for s in specs}
     indeg: dict[int, int] = {i: 0 for i in idx}
     out_edges: dict[int, list[int]] = defaultdict(list)
     for s in specs:
-        ups = [*s.depends_on, *([s.parent] if s.parent is not None else [])]
-        for u in ups:
-            kind, key = node(u)
+        ups = [*s.dep_nodes, *([s.parent_node] if s.parent_node is not None else [])]
+        for kind, key in ups:
             if kind == "n" and key in idx:
                 out_edges[key].append(s.ref._index)
                 indeg[s.ref._index] += 1
@@ -692,9 +694,7 @@ def _parent_first(specs: Sequence[_Spec], node: Any) -> list[_Spec]:
     return order
 
 
-async def _check_cycles(
-    q: JobQueue, conn: AsyncConnection, fresh: Sequence[_Spec], node: Any
-) -> None:
+async def _check_cycles(q: JobQueue, conn: AsyncConnection, fresh: Sequence[_Spec]) -> None:
     """Reject a DAG that would wait on itself, counting container membership.
 
     The wait graph has an edge u -> v when u cannot finish before v does: u depends on v;
@@ -705,16 +705,16 @@ async def _check_cycles(
     """
     adj: dict[Any, set[Any]] = defaultdict(set)
     for s in fresh:
-        n = node(s.ref)
-        for d in s.depends_on:
-            adj[n].add(node(d))
-            adj[("g", n)].add(node(d))
-        if s.parent is not None:
-            p = node(s.parent)
+        n = s.node
+        for d in s.dep_nodes:
+            adj[n].add(d)
+            adj[("g", n)].add(d)
+        p = s.parent_node
+        if p is not None:
             adj[p].add(n)
             adj[n].add(("g", p))
             adj[("g", n)].add(("g", p))
-    if any(s.parent is not None and node(s.parent)[0] == "e" for s in fresh):
+    if any(s.parent_node is not None and s.parent_node[0] == "e" for s in fresh):
         await _load_existing_graph(q, conn, adj)
     _assert_acyclic(adj)
 

@@ -139,6 +139,34 @@ async def test_ten_thousand_job_batch_uses_few_statements(
               f"drain {drain_s:.2f}s ({10_000 / drain_s:.0f} jobs/s)")
 
 
+async def test_wide_fan_in_inserts_every_edge_once(queue: JobQueue) -> None:
+    """More edges than one executemany chunk (dialects.base.EDGE_CHUNK), some listed
+    twice: every edge is stored once and the sink waits for all of them."""
+    from aiojobqueue.dialects.base import EDGE_CHUNK
+
+    ran: list[str] = []
+
+    @queue.handler("leaf")
+    async def leaf(ctx: JobContext) -> None:
+        ran.append("leaf")
+
+    @queue.handler("sink")
+    async def sink(ctx: JobContext) -> None:
+        ran.append("sink")
+
+    before = await counts(queue)
+    width = EDGE_CHUNK + 7
+    async with queue.batch() as b:
+        leaves = [b.add("leaf") for _ in range(width)]
+        end = b.add("sink", depends_on=[*leaves, leaves[0], leaves[-1]])
+    assert await counts(queue) == (before[0] + width + 1, before[1] + width)
+    job = await queue.get(end.id)
+    assert job.state == JobState.WAITING
+    assert job.depends_on == tuple(sorted(x.id for x in leaves))
+    await queue.run_until_idle()
+    assert ran == ["leaf"] * width + ["sink"]
+
+
 async def test_concurrent_batches_get_the_right_ids(queue: JobQueue) -> None:
     """Ids handed back map to the rows that were inserted, even with batches racing
     (MySQL-family derives ids from LAST_INSERT_ID of multi-row inserts)."""

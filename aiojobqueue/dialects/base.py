@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar
 
-from sqlalchemy import Select, Table, Text, bindparam, select
+from sqlalchemy import Select, Table, Text, bindparam, insert, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -25,6 +25,8 @@ WakeCallback = Callable[[str], None]
 #: (seconds from the database's now, or None) or run_at (an absolute run_after); dead (born
 #: cancelled: finished now, no live_key). attempts start at 0, attempt_limit = max_attempts.
 JobColumns = dict[str, list[Any]]
+#: Edges per executemany call (DialectOps.insert_edges).
+EDGE_CHUNK = 2500
 JOB_FIELDS = (
     "type", "kind", "state", "args", "parent_id", "group_key", "weight", "priority", "pending",
     "max_attempts", "timeout", "key", "cancelled_by", "has_dependents", "error", "delay",
@@ -219,6 +221,19 @@ class DialectOps(ABC):
         wake-up from that statement when ``wake``; or None where the dialect has no bulk path
         (batch.py then runs SQLAlchemy's executemany INSERT)."""
         return None
+
+    async def insert_edges(
+        self, conn: AsyncConnection, job_ids: list[int], up_ids: list[int]
+    ) -> None:
+        """Insert the dependency edges ``job_ids[i]`` -> ``up_ids[i]`` (executemany; a
+        dialect with an array type binds them as two arrays in one statement)."""
+        D = self.t.deps
+        for i in range(0, len(job_ids), EDGE_CHUNK):
+            await conn.execute(insert(D), [
+                {"job_id": j, "depends_on_id": u}
+                for j, u in zip(job_ids[i : i + EDGE_CHUNK], up_ids[i : i + EDGE_CHUNK],
+                                strict=True)
+            ])
 
 
 def dialect_for(engine: AsyncEngine, tables: Tables) -> DialectOps:

@@ -392,6 +392,14 @@ END"""
         row = (await conn.exec_driver_sql(sql, params)).one()
         return list(row[0])
 
+    async def insert_edges(
+        self, conn: AsyncConnection, job_ids: list[int], up_ids: list[int]
+    ) -> None:
+        """All of a batch's edges in one statement: two arrays, unnested."""
+        await conn.exec_driver_sql(
+            f'INSERT INTO "{self.t.deps.name}" (job_id, depends_on_id) '
+            "SELECT * FROM unnest($1::bigint[], $2::bigint[])", (job_ids, up_ids))
+
     @cached_property
     def _bulk_sql(self) -> dict[frozenset[str], str]:
         """The bulk INSERT by set of varying fields (a few shapes in practice; the driver
