@@ -182,13 +182,21 @@ class Batch:
             args_json = _ENCODE(args)
         except (TypeError, ValueError) as exc:
             raise NotJSONError(f"args of {type!r} is not JSON-serializable: {exc}") from None
+        # These options at their defaults (a bulk load, with or without a group) cannot be
+        # wrong: skip their checks. What comes from the queue's and the handler's settings
+        # (group, timeout, max_attempts) is checked either way, in the same order.
+        plain = (weight.__class__ is int and weight == 1
+                 and priority.__class__ is int and priority == 0
+                 and key is None and run_after is None and parent is None
+                 and depends_on.__class__ is tuple and not depends_on)
         group = self._q.default_group if group is None else group
         if not isinstance(group, str) or not group or len(group) > 200:
             raise InvalidJobError(f"group must be a non-empty string of <= 200 chars: {group!r}")
-        if not _is_int(weight) or not 1 <= weight <= MAX_INT:
-            raise InvalidJobError(f"weight must be a (32-bit) int >= 1: {weight!r}")
-        if not _is_int(priority) or not -MAX_INT <= priority <= MAX_INT:
-            raise InvalidJobError(f"priority must be a (32-bit) int: {priority!r}")
+        if not plain:
+            if not _is_int(weight) or not 1 <= weight <= MAX_INT:
+                raise InvalidJobError(f"weight must be a (32-bit) int >= 1: {weight!r}")
+            if not _is_int(priority) or not -MAX_INT <= priority <= MAX_INT:
+                raise InvalidJobError(f"priority must be a (32-bit) int: {priority!r}")
         handler = self._q._handlers.get(type)
         if timeout is None and handler is not None:
             timeout = handler.timeout
@@ -202,27 +210,31 @@ class Batch:
             )
         if not _is_int(max_attempts) or not 1 <= max_attempts <= MAX_INT:
             raise InvalidJobError(f"max_attempts must be a (32-bit) int >= 1: {max_attempts!r}")
-        if key is not None and (not isinstance(key, str) or not key or len(key) > 255):
-            raise InvalidJobError(f"key must be a non-empty string of <= 255 chars: {key!r}")
-        if isinstance(run_after, (int, float)) and not isinstance(run_after, bool):
-            run_after = timedelta(seconds=run_after)
-        if run_after is not None and not isinstance(run_after, (timedelta, datetime)):
-            raise InvalidJobError(
-                f"run_after must be a timedelta, datetime or seconds: {run_after!r}"
-            )
-        deps = list(depends_on)
-        for d in deps:
-            self._check_ref(d)
-        if parent is not None:
-            self._check_ref(parent)
-            if isinstance(parent, JobRef) and not parent.is_container:
-                raise InvalidJobError(f"parent {parent!r} is not a container")
+        when: timedelta | datetime | None = None
+        deps: list[Ref] = []
+        if not plain:
+            if key is not None and (not isinstance(key, str) or not key or len(key) > 255):
+                raise InvalidJobError(f"key must be a non-empty string of <= 255 chars: {key!r}")
+            if isinstance(run_after, (int, float)) and not isinstance(run_after, bool):
+                run_after = timedelta(seconds=run_after)
+            if run_after is not None and not isinstance(run_after, (timedelta, datetime)):
+                raise InvalidJobError(
+                    f"run_after must be a timedelta, datetime or seconds: {run_after!r}"
+                )
+            when = run_after
+            deps = list(depends_on)
+            for d in deps:
+                self._check_ref(d)
+            if parent is not None:
+                self._check_ref(parent)
+                if isinstance(parent, JobRef) and not parent.is_container:
+                    raise InvalidJobError(f"parent {parent!r} is not a container")
         ref = JobRef(self, len(self._specs), type, is_container)
         self._specs.append(
             _Spec(
                 ref, type, args_json, group, int(weight), int(priority),
                 None if timeout is None else float(timeout), int(max_attempts), key,
-                run_after, deps, parent, is_container,
+                when, deps, parent, is_container,
             )
         )
         return ref

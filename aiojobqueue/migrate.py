@@ -80,6 +80,8 @@ async def _upgrade_once(q: JobQueue) -> int:
         await _v1_to_v2(q)
     if 0 < found < 3:
         await _v2_to_v3(q)
+    if 0 < found < 4:
+        await _v3_to_v4(q)
     async with q.engine.begin() as conn:
         await conn.run_sync(q._t.metadata.create_all, checkfirst=True)
     async with q.engine.begin() as conn:
@@ -143,6 +145,63 @@ async def _v2_to_v3(q: JobQueue) -> None:
             .values(pending=J.c.pending + (CREDIT - 1))
         )
         await conn.execute(update(M).where(M.c.name == "schema_version").values(value="3"))
+
+
+async def _v3_to_v4(q: JobQueue) -> None:
+    """v4: ``live_key`` is unique through the index ``<prefix>ux_live_key`` (see
+    schema.live_key_index), partial on PostgreSQL and SQLite, instead of through a UNIQUE
+    constraint on the column. The rule (no two live jobs share a key) holds throughout.
+
+    * PostgreSQL: the old constraint, found in the catalog by its one column (whatever its
+      name), is dropped and the index built in one transaction, so no other session ever
+      sees the table with neither. The drop goes first: it takes the table's exclusive lock
+      at once instead of upgrading to it from the build's SHARE lock (an upgrade deadlocks
+      with a session that read the table and then writes to it). Writes to the jobs table
+      wait while the index is built (one scan; only live keyed jobs get an entry).
+    * MySQL/MariaDB: one ALTER TABLE swaps the old unique key (named after the column,
+      found in information_schema) for the new one, which is not partial there (InnoDB's
+      unique index allows any number of NULLs): the same rule, renamed so that the database
+      matches the metadata (Alembic). DDL commits implicitly there, which lets go of the
+      gate too: a process that takes it next and still sees the old key fails its ALTER and
+      upgrade() tries again, finding v4.
+    * SQLite: an inline UNIQUE constraint goes only with a rebuild of the table (every row
+      copied under the write lock), so an existing file keeps it: it enforces exactly the
+      same rule, with an entry for every row as before; a new file gets the partial index.
+
+    The version moves to 4 in the same transaction (on MySQL/MariaDB, right after the
+    ALTER); a process that waited for the lock finds it done."""
+    J, M = q._t.jobs, q._t.meta
+    ux = next(ix for ix in J.indexes if ix.name == f"{q.prefix}ux_live_key")
+    async with q.engine.begin() as conn:
+        await q._ops.lock_gate(conn)
+        v = (await conn.execute(select(M.c.value).where(M.c.name == "schema_version"))).scalar()
+        if v is None or int(v) >= 4:
+            return
+        quote = conn.dialect.identifier_preparer.quote
+        table = conn.dialect.identifier_preparer.format_table(J)
+        if conn.dialect.name == "postgresql":
+            old = (await conn.execute(text("""
+                SELECT c.conname FROM pg_constraint c
+                JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1]
+                WHERE c.conrelid = to_regclass(:t) AND c.contype = 'u'
+                  AND cardinality(c.conkey) = 1 AND a.attname = 'live_key'"""),
+                {"t": table})).scalars().all()
+            for name in old:
+                await conn.execute(text(f"ALTER TABLE {table} DROP CONSTRAINT {quote(name)}"))
+            await conn.run_sync(ux.create, checkfirst=True)
+        elif conn.dialect.name == "mysql":
+            have = (await conn.execute(text("""
+                SELECT INDEX_NAME FROM information_schema.STATISTICS
+                WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = :t AND NON_UNIQUE = 0
+                GROUP BY INDEX_NAME
+                HAVING COUNT(*) = 1 AND MAX(COLUMN_NAME) = 'live_key'"""),
+                {"t": J.name})).scalars().all()
+            changes = [f"DROP INDEX {quote(name)}" for name in have if name != ux.name]
+            if ux.name not in have:
+                changes.append(f"ADD UNIQUE INDEX {quote(str(ux.name))} (live_key)")
+            if changes:
+                await conn.execute(text(f"ALTER TABLE {table} {', '.join(changes)}"))
+        await conn.execute(update(M).where(M.c.name == "schema_version").values(value="4"))
 
 
 async def settle_routine(q: JobQueue, create: bool) -> tuple[Any, Any] | None:

@@ -39,7 +39,7 @@ from sqlalchemy.dialects import postgresql
 
 from .timeutil import UTCDateTime
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: What a container not yet active adds to its children's ``pending`` (v3; was 1): larger
 #: than any count of dependencies, so activation tells the credited children apart.
 CREDIT = 1 << 30
@@ -94,6 +94,17 @@ def v2_indexes(p: str, jobs: Table | None = None) -> list[Index]:
     ]
 
 
+def live_key_index(p: str) -> Index:
+    """v4: ``live_key`` unique among non-NULL values. Partial where the dialect has partial
+    indexes, so a keyless job (most of them) has no entry in it: none added by its insert,
+    nor by each later UPDATE of its row (a state change is never HOT on PostgreSQL, since
+    ``state`` is indexed: the row's new version gets an entry in every index whose predicate
+    it meets). MySQL/MariaDB index every row; InnoDB's unique index allows any number of
+    NULLs, so the rule is the same there. (v1-v3: a UNIQUE constraint on the column, with an
+    entry for every row.)"""
+    return Index(f"{p}ux_live_key", "live_key", unique=True, **_where("live_key IS NOT NULL"))
+
+
 def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None) -> Tables:
     """Build the schema under ``prefix`` (into ``metadata`` if given, e.g. an Alembic one)."""
     md = metadata if metadata is not None else MetaData()
@@ -124,9 +135,9 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("cancel_requested", Boolean, nullable=False, server_default=false()),
         Column("cancelled_by", _Id),
         Column("key", String(255)),
-        # Equal to key while the job is live, NULL once terminal: a plain unique index on it
-        # gives "unique among live jobs" on every dialect (MySQL has no partial indexes).
-        Column("live_key", String(255), unique=True),
+        # Equal to key while the job is live, NULL once terminal: unique among non-NULL values
+        # (live_key_index) gives "unique among live jobs" on every dialect.
+        Column("live_key", String(255)),
         Column("created_at", UTCDateTime, nullable=False),
         Column("started_at", UTCDateTime),
         Column("finished_at", UTCDateTime),
@@ -140,6 +151,7 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Index(f"{p}ix_running_owner", "state", "lease_owner", **_partial(RUNNING)),
         Index(f"{p}ix_scheduled", "state", "run_after", **_partial(SCHEDULED)),
         *v2_indexes(p),
+        live_key_index(p),
     )
     deps = Table(
         f"{p}deps",

@@ -13,7 +13,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import event, func, select
+from sqlalchemy import event, func, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from aiojobqueue import (
@@ -277,6 +278,45 @@ async def test_concurrent_enqueues_of_one_key_insert_one_job(
         )
         assert len(set(ids)) == 1, ids
     assert await counts(queues[0]) == (before[0] + 3, before[1])
+
+
+async def test_keyless_jobs_coexist_and_concurrent_batches_share_a_key(
+    make_queue: Callable[..., JobQueue],
+) -> None:
+    """Any number of keyless jobs (live_key NULL) coexist, while a key stays unique among
+    live jobs even between two batches in flight at once: the second, started while the
+    first holds its uncommitted keyed job, waits for it (the unique index on live_key, or
+    SQLite's write lock) and then stands in the committed job for its own."""
+    q1, q2 = make_queue(), make_queue()
+    async with q1, q2:
+        J = q1._t.jobs
+
+        async def second() -> tuple[int, list[int]]:
+            async with q2.batch() as b:
+                same = b.add("t", {"b": 2}, key="same")
+                plain = [b.add("t", {}) for _ in range(200)]
+            return same.id, [r.id for r in plain]
+
+        async with q1.engine.connect() as conn:
+            await conn.begin()
+            async with q1.batch(connection=conn) as b:
+                first = b.add("t", {"b": 1}, key="same")
+                plain1 = [b.add("t", {}) for _ in range(200)]
+            other = asyncio.create_task(second())
+            await asyncio.sleep(0.3)  # time to reach the lock (the outcome is the same if not)
+            assert not other.done()  # done: it inserted a second live "same" (or failed)
+            await conn.commit()
+        same2, plain2 = await other
+        assert same2 == first.id
+        assert len({r.id for r in plain1} | set(plain2)) == 400
+        async with q1.engine.connect() as conn:
+            n = (await conn.execute(select(func.count()).where(J.c.key == "same"))).scalar_one()
+            keyless = (await conn.execute(
+                select(func.count()).where(J.c.live_key.is_(None)))).scalar_one()
+            assert (n, keyless) == (1, 400)
+        async with q1.engine.connect() as conn:
+            with pytest.raises(IntegrityError):  # the database refuses a second live "same"
+                await conn.execute(update(J).where(J.c.id == plain2[0]).values(live_key="same"))
 
 
 async def test_run_after_is_not_claimed_before_its_time(

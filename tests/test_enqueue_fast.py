@@ -6,6 +6,7 @@ would and leave the pool healthy."""
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -18,7 +19,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 from test_enqueue import count_statements, counts
 
-from aiojobqueue import InvalidJobError, JobQueue, JobState
+from aiojobqueue import InvalidJobError, JobQueue, JobState, NotJSONError
+from aiojobqueue.executor import HandlerSpec
 
 
 def _row_view(row: Any) -> tuple[Any, ...]:
@@ -261,3 +263,59 @@ async def test_large_batches_go_in_bounded_statements(queue: JobQueue) -> None:
     rows = await _rows(queue, [ids[0], ids[9_999], ids[10_000], ids[-1]])
     assert [rows[i].args["i"] for i in (ids[0], ids[9_999], ids[10_000], ids[-1])] == [
         0, 9_999, 10_000, 12_344]
+
+
+def _spec_of(b: Any, ref: Any) -> tuple[Any, ...]:
+    s = b._specs[ref._index]
+    return (s.type, s.args, s.group, s.weight, s.priority, s.timeout, s.max_attempts, s.key,
+            s.run_after, s.depends_on, s.parent, s.is_container)
+
+
+@pytest.mark.parametrize(("settings", "valid"), [
+    ({}, True), ({"handler": {"timeout": 7, "max_attempts": 5}}, True),
+    ({"handler": {"timeout": 2.5}}, True),
+    ({"default_group": ""}, False), ({"default_group": "g" * 201}, False),
+    ({"default_group": 7}, False), ({"max_attempts": 0}, False), ({"max_attempts": 2.0}, False),
+    ({"max_attempts": True}, False), ({"max_attempts": 2**31}, False),
+    ({"handler": {"timeout": math.inf}}, False), ({"handler": {"timeout": math.nan}}, False),
+    ({"handler": {"max_attempts": 2**31}}, False), ({"handler": {"max_attempts": 1.5}}, False),
+])
+def test_add_with_default_options_checks_what_the_settings_give(
+    settings: dict[str, Any], valid: bool,
+) -> None:
+    """Batch.add with every per-job option at its default skips the checks that cannot fail,
+    but not those of what the queue's and the handler's settings give (group, timeout,
+    max_attempts): the same spec, or the same error, as with the full checks (forced here by
+    an empty list for depends_on, which changes nothing else)."""
+    opts = dict(settings)
+    handler = opts.pop("handler", None)
+    q = JobQueue("sqlite+aiosqlite:///unused.db", **opts)
+    if handler is not None:
+        q._handlers["t"] = HandlerSpec(None, handler.get("timeout"),  # type: ignore[arg-type]
+                                       handler.get("max_attempts"))
+    outcomes = []
+    for extra in ({}, {"depends_on": []}):
+        b = q.batch()
+        try:
+            outcomes.append(("ok", _spec_of(b, b.add("t", {"x": 1.5}, **extra))))
+        except InvalidJobError as exc:
+            outcomes.append(("error", f"{exc.__class__.__name__}: {exc}"))
+    assert outcomes[0] == outcomes[1]
+    assert (outcomes[0][0] == "ok") == valid
+
+
+def test_add_with_default_options_still_checks_type_and_args() -> None:
+    q = JobQueue("sqlite+aiosqlite:///unused.db")
+    b = q.batch()
+    for bad in ("", "x" * 201, None, 3):
+        with pytest.raises(InvalidJobError, match="job type"):
+            b.add(bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidJobError, match="args must be a dict"):
+        b.add("t", [1])  # type: ignore[arg-type]
+    for args in ({"x": math.nan}, {"s": {1}}):
+        with pytest.raises(NotJSONError, match="args of 't' is not JSON-serializable"):
+            b.add("t", args)
+    assert b._specs == []
+    ref = b.add("t", {"ts": 0.0})
+    assert _spec_of(b, ref) == ("t", '{"ts": 0.0}', "default", 1, 0, None, 3, None, None, [],
+                                None, False)

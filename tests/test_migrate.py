@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
-from sqlalchemy import select, text, update
+import pytest
+from sqlalchemy import Table, UniqueConstraint, insert, select, text, update
+from sqlalchemy.exc import IntegrityError
 
 from aiojobqueue import JobQueue
-from aiojobqueue.schema import CREDIT, SCHEMA_VERSION
+from aiojobqueue.schema import CREDIT, SCHEMA_VERSION, build_tables
 
 
 async def test_v1_schema_upgrades_in_place(make_queue: Callable[..., JobQueue]) -> None:
@@ -120,3 +123,83 @@ async def test_children_waiting_on_a_credited_sibling_hold_no_credit(
         assert order.index(head.id) < min(order.index(f.id) for f in fan)
         assert max(order.index(f.id) for f in fan) < order.index(tail.id)
         assert (await q.get(box.id)).state == "done"
+
+
+def v3_jobs(prefix: str) -> Table:
+    """The jobs table as v1-v3 created it: ``live_key`` unique through a constraint on the
+    column (the DDL of ``Column(unique=True)``), no ``ux_live_key`` index."""
+    J = build_tables(prefix).jobs
+    J.indexes.remove(next(ix for ix in J.indexes if ix.name == f"{prefix}ux_live_key"))
+    J.append_constraint(UniqueConstraint(J.c.live_key))
+    return J
+
+
+async def test_v3_live_key_constraint_upgrades_to_the_index(
+    make_queue: Callable[..., JobQueue],
+) -> None:
+    """A v3 database (a UNIQUE constraint on live_key) started by several processes at once
+    is brought to v4: on PostgreSQL the constraint is gone and the index is partial, on
+    MariaDB the old key is replaced by ``ux_live_key``, SQLite keeps its old constraint (see
+    migrate._v3_to_v4). Keys dedupe as before: the database refuses a second live job with a
+    key, enqueue returns the live one, and a finished job's key can be used again."""
+    q = make_queue()
+    async with q:
+        keyed = await q.enqueue("t", {}, key="k")
+        plain = [await q.enqueue("t", {}) for _ in range(3)]
+        J, M = q._t.jobs, q._t.meta
+        old = v3_jobs(q.prefix)
+        async with q.engine.begin() as conn:  # the same rows in the table v3 created
+            rows = [r._asdict() for r in await conn.execute(select(J))]
+            await conn.run_sync(J.drop)
+            await conn.run_sync(old.create)
+            await conn.execute(insert(old), rows)
+            if conn.dialect.name == "postgresql":  # the new sequence goes on after the ids
+                await conn.execute(text(f"SELECT setval(pg_get_serial_sequence('{J.name}', "
+                                        f"'id'), (SELECT max(id) FROM {J.name}))"))
+            await conn.execute(update(M).where(M.c.name == "schema_version").values(value="3"))
+
+    queues = [make_queue() for _ in range(3)]
+    await asyncio.gather(*(x.start() for x in queues))  # each upgrades, or finds it done
+    q2 = queues[0]
+    ux = f"{q2.prefix}ux_live_key"
+    async with q2.engine.connect() as conn:
+        v = (await conn.execute(select(M.c.value).where(M.c.name == "schema_version"))
+             ).scalar_one()
+        assert v == str(SCHEMA_VERSION)
+        dialect = conn.dialect.name
+        if dialect == "postgresql":
+            ddl = (await conn.execute(text(
+                "SELECT indexdef FROM pg_indexes WHERE indexname = :n"), {"n": ux})).scalar_one()
+            assert "UNIQUE" in ddl and "WHERE (live_key IS NOT NULL)" in ddl, ddl
+            unique = (await conn.execute(text(
+                "SELECT count(*) FROM pg_constraint WHERE conrelid = to_regclass(:t) "
+                "AND contype = 'u'"), {"t": J.name})).scalar_one()
+            assert unique == 0
+        elif dialect == "mysql":
+            keys = (await conn.execute(text(
+                "SELECT INDEX_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = "
+                "DATABASE() AND TABLE_NAME = :t AND NON_UNIQUE = 0 AND COLUMN_NAME = "
+                "'live_key'"), {"t": J.name})).scalars().all()
+            assert keys == [ux]
+        else:
+            names = [r[1] for r in await conn.exec_driver_sql(f"PRAGMA index_list({J.name})")
+                     if r[2] and r[3] == "u"]  # unique, from a UNIQUE constraint
+            assert len(names) == 1 and ux not in names
+            cols = [r[2] for r in await conn.exec_driver_sql(f"PRAGMA index_info({names[0]})")]
+            assert cols == ["live_key"]
+    async with q2.engine.connect() as conn:
+        with pytest.raises(IntegrityError):  # the database itself refuses a second live "k"
+            await conn.execute(update(J).where(J.c.id == plain[0]).values(live_key="k"))
+
+    seen: list[int] = []
+
+    @q2.handler("t")
+    async def t(ctx: object) -> None:
+        seen.append(ctx.job_id)  # type: ignore[attr-defined]
+
+    assert await q2.enqueue("t", {}, key="k") == keyed
+    await q2.run_until_idle()
+    assert sorted(seen) == sorted([keyed, *plain])
+    again = await q2.enqueue("t", {}, key="k")
+    assert again not in (keyed, *plain)
+    assert await queues[1].enqueue("t", {}, key="k") == again
