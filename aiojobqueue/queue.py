@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 
 from . import schema as S
-from .batch import MAX_ID, Batch, JobRef, _Spec, insert_alone, insert_specs
+from .batch import BULK_ROWS, MAX_ID, Batch, JobRef, _Spec, insert_alone, insert_specs
 from .completer import Completer
 from .dialects.base import DialectOps, dialect_for, engine_kwargs_for
 from .errors import (
@@ -342,8 +342,9 @@ class JobQueue:
 
     def _lone_insert(self, specs: list[_Spec]) -> bool:
         """Jobs whose insert is a single statement: no key, edge, parent or container, a
-        group already known to exist, no absolute run_after, and few enough for one chunk."""
-        return len(specs) <= 100 and all(
+        group already known to exist, no absolute run_after, and few enough for one bulk
+        statement (a bulk load's chunk of 1,000 is one round trip, not BEGIN, INSERT, COMMIT)."""
+        return len(specs) <= BULK_ROWS and all(
             s.key is None and not s.depends_on and s.parent is None and not s.is_container
             and s.group in self._known_groups and not isinstance(s.run_after, datetime)
             for s in specs

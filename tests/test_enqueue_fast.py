@@ -319,3 +319,23 @@ def test_add_with_default_options_still_checks_type_and_args() -> None:
     ref = b.add("t", {"ts": 0.0})
     assert _spec_of(b, ref) == ("t", '{"ts": 0.0}', "default", 1, 0, None, 3, None, None, [],
                                 None, False)
+
+
+async def test_a_bulk_load_chunk_is_one_statement_of_its_own(queue: JobQueue, db: str) -> None:
+    """Up to one bulk statement's worth of plain jobs (a known group, no key, edge or parent)
+    goes on the lone path where the dialect has one (PostgreSQL): no transaction around it,
+    so none of SQLAlchemy's BEGIN / INSERT / COMMIT; one more job than that takes the
+    transaction. Either way every id maps to its own row, in order."""
+    from aiojobqueue.batch import BULK_ROWS
+
+    for _ in range(2):  # the default group is known (seen committed) from here on
+        await queue.enqueue("t", {})
+    for n, lone in ((1_000, db == "postgresql"), (BULK_ROWS + 1, False)):
+        with count_statements(queue) as stmts:
+            async with queue.batch() as b:
+                refs = [b.add("t", {"i": i}) for i in range(n)]
+        assert (len(stmts) == 0) == lone, (n, stmts[:3])
+        ids = [r.id for r in refs]
+        assert ids == sorted(ids) and len(set(ids)) == n
+        rows = await _rows(queue, ids[:: n // 7])
+        assert [rows[i].args["i"] for i in ids[:: n // 7]] == list(range(0, n, n // 7))
