@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Select, bindparam, func, select, update
+from sqlalchemy import Select, bindparam, func, literal_column, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as S
@@ -72,9 +72,12 @@ def group_demand_query(q: JobQueue, types: list[str]) -> Select[Any]:
         .limit(1)
         .scalar_subquery()
     )
+    # Only the heavier-than-default jobs are in ix_ready_weight (v4): none found means 1.
+    # The bound is a literal, as in the index's predicate, so a generic plan can use it.
     weight = (
         select(J.c.weight)
-        .where(J.c.state == lit(S.READY), J.c.group_key == G.c.group_key)
+        .where(J.c.state == lit(S.READY), J.c.group_key == G.c.group_key,
+               J.c.weight > literal_column("1"))
         .order_by(J.c.weight.desc())
         .limit(1)
         .scalar_subquery()

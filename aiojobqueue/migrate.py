@@ -168,6 +168,10 @@ async def _v3_to_v4(q: JobQueue) -> None:
       copied under the write lock), so an existing file keeps it: it enforces exactly the
       same rule, with an entry for every row as before; a new file gets the partial index.
 
+    Also ``ix_ready_weight`` (PostgreSQL, SQLite) is rebuilt to hold only ready jobs heavier
+    than the default weight (schema.ready_weight_index): the census reads a group with
+    ready jobs and no entry as weight 1.
+
     The version moves to 4 in the same transaction (on MySQL/MariaDB, right after the
     ALTER); a process that waited for the lock finds it done."""
     J, M = q._t.jobs, q._t.meta
@@ -201,6 +205,14 @@ async def _v3_to_v4(q: JobQueue) -> None:
                 changes.append(f"ADD UNIQUE INDEX {quote(str(ux.name))} (live_key)")
             if changes:
                 await conn.execute(text(f"ALTER TABLE {table} {', '.join(changes)}"))
+        if conn.dialect.name != "mysql":  # MySQL has no partial indexes: nothing changes
+            weight = next(ix for ix in J.indexes if ix.name == f"{q.prefix}ix_ready_weight")
+
+            def recreate(sync_conn: Any) -> None:
+                weight.drop(sync_conn, checkfirst=True)
+                weight.create(sync_conn)
+
+            await conn.run_sync(recreate)
         await conn.execute(update(M).where(M.c.name == "schema_version").values(value="4"))
 
 

@@ -105,6 +105,16 @@ def live_key_index(p: str) -> Index:
     return Index(f"{p}ux_live_key", "live_key", unique=True, **_where("live_key IS NOT NULL"))
 
 
+def ready_weight_index(p: str, jobs: Table | None = None) -> Index:
+    """The census's "largest weight among a group's ready jobs". v4: only jobs heavier than
+    the default weight 1 have an entry (a group with ready jobs but none here weighs 1), so
+    the common job adds no entry when it becomes ready, nor when it is enqueued ready (v1-v3:
+    every ready job). MySQL/MariaDB index every row, as before."""
+    args: list[Any] = [jobs] if jobs is not None else []
+    return Index(f"{p}ix_ready_weight", "state", "group_key", "weight", *args,
+                 **_where(f"state = '{READY}' AND weight > 1"))
+
+
 def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None) -> Tables:
     """Build the schema under ``prefix`` (into ``metadata`` if given, e.g. an Alembic one)."""
     md = metadata if metadata is not None else MetaData()
@@ -146,7 +156,7 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("has_dependents", Boolean, nullable=False, server_default=false()),
         # `state` leads every state index so MySQL/MariaDB (no partial indexes) can use them too.
         Index(f"{p}ix_ready", "state", "group_key", text("priority DESC"), "id", **_partial(READY)),
-        Index(f"{p}ix_ready_weight", "state", "group_key", "weight", **_partial(READY)),
+        ready_weight_index(p),
         Index(f"{p}ix_running", "state", "group_key", "lease_expires", **_partial(RUNNING)),
         Index(f"{p}ix_running_owner", "state", "lease_owner", **_partial(RUNNING)),
         Index(f"{p}ix_scheduled", "state", "run_after", **_partial(SCHEDULED)),

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable
 
 import pytest
-from sqlalchemy import Table, UniqueConstraint, insert, select, text, update
+from sqlalchemy import Index, Table, UniqueConstraint, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 from aiojobqueue import JobQueue
@@ -131,6 +131,11 @@ def v3_jobs(prefix: str) -> Table:
     J = build_tables(prefix).jobs
     J.indexes.remove(next(ix for ix in J.indexes if ix.name == f"{prefix}ux_live_key"))
     J.append_constraint(UniqueConstraint(J.c.live_key))
+    # and ix_ready_weight over every ready job, whatever its weight
+    J.indexes.remove(next(ix for ix in J.indexes if ix.name == f"{prefix}ix_ready_weight"))
+    ready = text("state = 'ready'")
+    Index(f"{prefix}ix_ready_weight", J.c.state, J.c.group_key, J.c.weight,
+          postgresql_where=ready, sqlite_where=ready)
     return J
 
 
@@ -175,6 +180,9 @@ async def test_v3_live_key_constraint_upgrades_to_the_index(
                 "SELECT count(*) FROM pg_constraint WHERE conrelid = to_regclass(:t) "
                 "AND contype = 'u'"), {"t": J.name})).scalar_one()
             assert unique == 0
+            ddl = (await conn.execute(text("SELECT indexdef FROM pg_indexes WHERE indexname = "
+                                           f"'{q2.prefix}ix_ready_weight'"))).scalar_one()
+            assert "weight > 1" in ddl, ddl
         elif dialect == "mysql":
             keys = (await conn.execute(text(
                 "SELECT INDEX_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = "
@@ -187,6 +195,10 @@ async def test_v3_live_key_constraint_upgrades_to_the_index(
             assert len(names) == 1 and ux not in names
             cols = [r[2] for r in await conn.exec_driver_sql(f"PRAGMA index_info({names[0]})")]
             assert cols == ["live_key"]
+            ddl = (await conn.exec_driver_sql(
+                "SELECT sql FROM sqlite_master WHERE name = ?",
+                (f"{q2.prefix}ix_ready_weight",))).scalar_one()
+            assert "weight > 1" in ddl, ddl
     async with q2.engine.connect() as conn:
         with pytest.raises(IntegrityError):  # the database itself refuses a second live "k"
             await conn.execute(update(J).where(J.c.id == plain[0]).values(live_key="k"))
