@@ -144,7 +144,8 @@ async def run_attempt(q: JobQueue, c: Claimed, reasons: Reasons) -> Outcome | No
     try:
         async with tmo:
             result = await spec.fn(JobContext(q, c), **c.args)
-        check_json(result, f"result of {c.type!r}")
+        if result is not None:
+            check_json(result, f"result of {c.type!r}")
         return Outcome(c.id, c.attempt, me, "done", result=result)
     except asyncio.CancelledError:
         reason = reasons.get((c.id, c.attempt))

@@ -243,10 +243,11 @@ class Worker:
         notify(self.q._local_limits, "on_start", c.type, c.group)
         task = asyncio.create_task(self._run(c), name=f"ajq-job-{c.id}")
         self.running[c.id] = _Running(c, task, leased_at)
-        ev = JobEvent("start", c.id, c.type, c.group, c.attempt, self.q.worker_id)
-        jlog.debug("job %s (%s) attempt %s started", c.id, c.type, c.attempt,
-                   extra=ev.log_extra())
-        self.q._hooks.emit(ev)
+        if self.q._hooks or jlog.isEnabledFor(logging.DEBUG):  # (per job: skip if unread)
+            ev = JobEvent("start", c.id, c.type, c.group, c.attempt, self.q.worker_id)
+            jlog.debug("job %s (%s) attempt %s started", c.id, c.type, c.attempt,
+                       extra=ev.log_extra())
+            self.q._hooks.emit(ev)
 
     async def _run(self, c: Claimed) -> None:
         t0 = time.monotonic()
@@ -465,6 +466,7 @@ class Worker:
         q = self.q
         self.one_by_one = max(self.one_by_one - 1, 0)
         eff = {(o.job_id, o.attempt): o for o in applied}  # what actually happened
+        hooks = bool(q._hooks)
         ok = set(eff)
         unsure = [o for o in batch if (o.job_id, o.attempt) in self.uncertain - ok]
         if unsure:
@@ -482,8 +484,11 @@ class Worker:
                 self._forget(c)
                 # an outcome found committed after a lost answer has no detail: as given
                 e = eff.get(key, o) if key in ok else None
+                kind = e.kind if e is not None else "discarded"
+                if not hooks and not jlog.isEnabledFor(_LEVEL.get(kind, logging.INFO)):
+                    continue  # nobody reads the event: don't build it (per job)
                 ev = JobEvent(
-                    e.kind if e is not None else "discarded", c.id, c.type, c.group,
+                    kind, c.id, c.type, c.group,
                     c.attempt, q.worker_id, duration=time.monotonic() - r.started,
                     error=o.error, retry_in=e.retry_in if e is not None else None,
                 )
@@ -850,8 +855,14 @@ def _extra(q: JobQueue, c: Claimed) -> dict[str, Any]:
             "group": c.group}
 
 
+#: The level report() logs each way an attempt can end at (the others: INFO).
+_LEVEL = {"retry": logging.WARNING, "failed": logging.ERROR, "discarded": logging.WARNING}
+
+
 def report(ev: JobEvent) -> None:
     """Log how an attempt ended: one record, with the job fields as ``extra``."""
+    if not jlog.isEnabledFor(_LEVEL.get(ev.event, logging.INFO)):
+        return
     x = ev.log_extra()
     took = f" in {ev.duration:.2f}s" if ev.duration is not None else ""
     err = ev.error or {}

@@ -215,6 +215,35 @@ async def test_hooks_tell_retry_from_final_failure(
         assert r.attempt in (1, 2) and r.worker == queue.worker_id  # type: ignore[attr-defined]
 
 
+async def test_job_records_and_hooks_each_on_their_own(
+    queue: JobQueue, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker builds a job's events only for a reader (per job, on the hot path): with
+    no hook, an enabled log level still gets its records; with logging quiet, a hook still
+    gets its events."""
+    @queue.handler("t")
+    async def t(ctx: Any) -> None:
+        return None
+
+    jlog = logging.getLogger("aiojobqueue.jobs")
+    caplog.set_level(logging.DEBUG, logger="aiojobqueue")
+    first = await queue.enqueue("t")
+    await queue.run_until_idle()
+    recs = [r.getMessage() for r in caplog.records if getattr(r, "job_id", None) == first]
+    assert any(m.endswith("started") for m in recs) and any(" done in " in m for m in recs)
+
+    caplog.clear()
+    events: list[JobEvent] = []
+    queue.on("start", events.append)
+    queue.on("done", events.append)
+    caplog.set_level(logging.ERROR, logger="aiojobqueue")
+    assert not jlog.isEnabledFor(logging.INFO)
+    second = await queue.enqueue("t")
+    await queue.run_until_idle()
+    assert [(e.event, e.job_id) for e in events] == [("start", second), ("done", second)]
+    assert not [r for r in caplog.records if getattr(r, "job_id", None) == second]
+
+
 async def test_a_raising_hook_never_hurts_the_job(queue: JobQueue) -> None:
     def boom(ev: JobEvent) -> None:
         raise RuntimeError("bad hook")
