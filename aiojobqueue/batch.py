@@ -373,8 +373,8 @@ async def insert_specs(
         for s, new_id in zip(level, ids, strict=True):
             s.ref._id = new_id
     if graph:
-        downs = [s.ref.id for s in fresh for _ in s.dep_nodes]
-        await q._ops.insert_edges(conn, downs, [resolve(d) for s in fresh for d in s.dep_nodes])
+        edges = [(s.ref.id, resolve(d)) for s in fresh for d in s.dep_nodes]
+        await q._ops.insert_edges(conn, [j for j, _ in edges], [u for _, u in edges])
     groups = sorted({s.group for s in fresh if not s.is_container})
     if groups:
         await q._ensure_groups(conn, groups)

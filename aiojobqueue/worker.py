@@ -860,23 +860,22 @@ _LEVEL = {"retry": logging.WARNING, "failed": logging.ERROR, "discarded": loggin
 
 
 def report(ev: JobEvent) -> None:
-    """Log how an attempt ended: one record, with the job fields as ``extra``."""
-    if not jlog.isEnabledFor(_LEVEL.get(ev.event, logging.INFO)):
+    """Log how an attempt ended: one record at its _LEVEL, with the job fields as ``extra``."""
+    level = _LEVEL.get(ev.event, logging.INFO)
+    if not jlog.isEnabledFor(level):
         return
-    x = ev.log_extra()
     took = f" in {ev.duration:.2f}s" if ev.duration is not None else ""
     err = ev.error or {}
     why = f"{err.get('type', '?')}: {err.get('message', '')}"
     head = f"job {ev.job_id} ({ev.type}) attempt {ev.attempt}"
-    if ev.event == "done":
-        jlog.info("%s done%s", head, took, extra=x)
-    elif ev.event == "retry":
-        jlog.warning("%s failed%s (%s); retry in %.1fs", head, took, why, ev.retry_in or 0.0,
-                     extra=x)
+    args: tuple[Any, ...]
+    if ev.event == "retry":
+        msg, args = "%s failed%s (%s); retry in %.1fs", (head, took, why, ev.retry_in or 0.0)
     elif ev.event == "failed":
-        jlog.error("%s failed for good%s (%s)", head, took, why, extra=x)
+        msg, args = "%s failed for good%s (%s)", (head, took, why)
     elif ev.event == "discarded":
-        jlog.warning("%s: outcome discarded, lease no longer held", head, extra=x)
+        msg, args = "%s: outcome discarded, lease no longer held", (head,)
     else:
-        jlog.info("%s %s%s", head, ev.event, took, extra=x)
+        msg, args = "%s %s%s", (head, ev.event, took)
+    jlog.log(level, msg, *args, extra=ev.log_extra())
 
