@@ -8,7 +8,7 @@ of each group (priority, then age) with SKIP LOCKED, and lease them.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Select, bindparam, func, literal_column, select, update
@@ -100,23 +100,114 @@ async def _demand(q: JobQueue, conn: AsyncConnection, types: list[str]) -> dict[
     return demand
 
 
-def _pick_and_lease(q: JobQueue, types: list[str], lease: dict[str, Any], cols: Any) -> Any:
-    """UPDATE ... WHERE id IN (best :n ready of group :g, SKIP LOCKED) RETURNING, built once
-    per handler-type set (the lease values are constants of this queue)."""
+def lease_values(q: JobQueue, ttl: Any = None, owner: Any = None) -> dict[str, Any]:
+    """The SET clauses of a lease: this worker's for ``lease_ttl`` by default (the one-call
+    routine passes its own variables' expressions)."""
+    J = q._t.jobs
+    return {
+        "state": S.RUNNING,
+        "lease_owner": q.worker_id if owner is None else owner,
+        "lease_expires": utcnow_plus(q.lease_ttl if ttl is None else ttl),
+        "attempts": J.c.attempts + 1,
+        "started_at": db_now(),
+        "cancel_requested": False,
+    }
+
+
+def claim_columns(q: JobQueue) -> tuple[Any, ...]:
+    """What a lease returns, in the order Claimed is built from (see _claimed)."""
+    J = q._t.jobs
+    return (J.c.id, J.c.type, J.c.args, J.c.attempts, J.c.group_key, J.c.timeout,
+            J.c.checkpoint, J.c.parent_id, J.c.priority, J.c.has_dependents)
+
+
+def pick_and_lease_stmt(q: JobQueue, group: Any, n: Any, of_types: Any,
+                        lease: dict[str, Any]) -> Any:
+    """UPDATE ... WHERE id IN (the best ``n`` ready jobs of ``group`` whose type matches
+    ``of_types``, SKIP LOCKED) SET ``lease`` RETURNING claim_columns()."""
+    J = q._t.jobs
+    pick = q._ops.skip_locked(
+        select(J.c.id)
+        .where(J.c.state == lit(S.READY), J.c.group_key == group, of_types(J.c.type))
+        .order_by(J.c.priority.desc(), J.c.id)
+        .limit(n)
+    )
+    # in_select: on PostgreSQL the pick is an InitPlan feeding a primary-key probe, whatever
+    # the planner settings (the one-call routine runs with nested loops off)
+    return update(J).where(q._ops.in_select(J.c.id, pick)).values(**lease).returning(
+        *claim_columns(q))
+
+
+def _pick_and_lease(q: JobQueue, types: list[str]) -> Any:
+    """pick_and_lease_stmt() with bind parameters ``g`` and ``n``, built once per
+    handler-type set (the lease values are constants of this queue)."""
     key = ("pick", tuple(types))
     stmt = q._stmts.get(key)
     if stmt is None:
-        J = q._t.jobs
-        pick = q._ops.skip_locked(
-            select(J.c.id)
-            .where(J.c.state == lit(S.READY), J.c.group_key == bindparam("g"),
-                   J.c.type.in_(types))
-            .order_by(J.c.priority.desc(), J.c.id)
-            .limit(bindparam("n"))
-        )
-        stmt = update(J).where(J.c.id.in_(pick.scalar_subquery())).values(**lease).returning(*cols)
-        q._stmts[key] = stmt
+        stmt = q._stmts[key] = pick_and_lease_stmt(
+            q, bindparam("g"), bindparam("n"), lambda col: col.in_(types), lease_values(q))
     return stmt
+
+
+def _promotion_due(q: JobQueue, now: float, quick: bool) -> bool:
+    every = q.poll_interval if quick else min(PROMOTE_EVERY, q.poll_interval)
+    return now - q._promoted_at >= every
+
+
+def _known_group(q: JobQueue, now: float, quick: bool) -> str | None:
+    """The one group with runnable jobs, if a recent census found just one and fair share
+    has nothing to split (no group caps): claims may skip the census for a moment. A new
+    group is seen within GROUPS_EVERY, or at once when the known one runs dry."""
+    if q._single_group is None or q.group_limits:
+        return None
+    window = q.poll_interval if quick else min(GROUPS_EVERY, q.poll_interval)
+    return q._single_group if now - q._groups_at < window else None
+
+
+@dataclass
+class LeaseAsk:
+    """A claim that rides along with a finalize (PostgreSQL's one-call routine, see
+    Completer.finish_in_one_call): after the finalize has released what it releases, the
+    same call leases up to ``n`` ready jobs of ``group`` and ``types``: the claim() of the
+    known single group, without its round trip. ``rows``: what it leased, as
+    claim_columns(); None while not done (the routine declined, or was not called)."""
+
+    group: str
+    types: list[str]
+    n: int
+    rows: list[Any] | None = None
+    #: the rows as claim() returns them (see asked_claims)
+    claimed: list[Claimed] = field(default_factory=list)
+
+
+def lease_ask(q: JobQueue, want: int, types: list[str], quick: bool) -> LeaseAsk | None:
+    """A LeaseAsk where claim() would do nothing but pick from its known group: no
+    promotion due, no gate, no counted cap or limit; else None (claim normally)."""
+    now = time.monotonic()
+    if (want <= 0 or not types or q._needs_gate or q.concurrency is not None or q._db_limits
+            or _promotion_due(q, now, quick)):
+        return None
+    group = _known_group(q, now, quick)
+    return None if group is None else LeaseAsk(group, types, want)
+
+
+def asked_claims(q: JobQueue, ask: LeaseAsk) -> list[Claimed]:
+    """The jobs ``ask`` leased, as claim() would return them. A short pick leaves the census
+    to the next claim (as claim() does); an empty one makes it due at once."""
+    rows = ask.rows or []
+    if not rows:
+        q._groups_at = 0.0
+    elif len(rows) < ask.n:
+        q._census_due = True
+    return _claimed(rows)
+
+
+def _claimed(rows: list[Any]) -> list[Claimed]:
+    """Leased rows (claim_columns()) in pick order (RETURNING rows come back unordered: a
+    prefetched job starts after the better ones claimed with it). By position: a Row's
+    attribute look-up costs more, and this runs for every job."""
+    rows = sorted(rows, key=lambda r: (-r[8], r[0]))
+    return [Claimed(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], bool(r[9])) for r in rows]
 
 
 async def claim(
@@ -129,8 +220,7 @@ async def claim(
     tick) instead of every PROMOTE_EVERY / GROUPS_EVERY."""
     J = q._t.jobs
     now = time.monotonic()
-    every = q.poll_interval if quick else min(PROMOTE_EVERY, q.poll_interval)
-    if now - q._promoted_at >= every:
+    if _promotion_due(q, now, quick):
         await promote_due(q, conn)
         q._promoted_at = now
     if q._needs_gate:
@@ -145,29 +235,19 @@ async def claim(
         free = min(free, await limit._budget(q, conn))
     if free <= 0:
         return []
-    lease = {
-        "state": S.RUNNING,
-        "lease_owner": q.worker_id,
-        "lease_expires": utcnow_plus(q.lease_ttl),
-        "attempts": J.c.attempts + 1,
-        "started_at": db_now(),
-        "cancel_requested": False,
-    }
-    cols = (J.c.id, J.c.type, J.c.args, J.c.attempts, J.c.group_key, J.c.timeout,
-            J.c.checkpoint, J.c.parent_id, J.c.priority, J.c.has_dependents)
+    lease = lease_values(q)
+    cols = claim_columns(q)
     returning = q._ops.update_returning
     ids: list[int] = []
     out: list[Any] = []
     # With one group only (seen recently, no group caps) fair share has nothing to split:
-    # skip the per-group census for a moment. A new group is seen within GROUPS_EVERY, or at
-    # once when the known one runs dry (at the latest by the claim that follows at once).
-    cached = (q._single_group is not None and not q.group_limits
-              and now - q._groups_at < (q.poll_interval if quick
-                                        else min(GROUPS_EVERY, q.poll_interval)))
+    # skip the per-group census for a moment (at the latest, the claim that follows at once
+    # holds it when the known group runs dry).
+    known = _known_group(q, now, quick)
+    cached = known is not None
     for _census in range(2):
-        if cached:
-            assert q._single_group is not None
-            demand = {q._single_group: GroupDemand(1)}
+        if known is not None and cached:
+            demand = {known: GroupDemand(1)}
         else:
             demand = await _demand(q, conn, types)
             q._groups_at, q._census_due = now, False
@@ -190,7 +270,7 @@ async def claim(
                 if returning:
                     # One statement: pick (SKIP LOCKED) and lease, rows back in the same trip.
                     got_rows = (await conn.execute(
-                        _pick_and_lease(q, types, lease, cols), {"g": g, "n": n}
+                        _pick_and_lease(q, types), {"g": g, "n": n}
                     )).all()
                     out += got_rows
                     got = len(got_rows)
@@ -233,8 +313,4 @@ async def claim(
         return []
     for limit in q._db_limits:
         await limit._consume(q, conn, len(out))
-    # In pick order (RETURNING rows come back unordered): a prefetched job starts after the
-    # better ones claimed with it.
-    # (by position: a Row's attribute look-up costs more, and this runs for every job)
-    out.sort(key=lambda r: (-r[8], r[0]))
-    return [Claimed(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], bool(r[9])) for r in out]
+    return _claimed(out)

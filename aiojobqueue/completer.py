@@ -21,6 +21,7 @@ from .policy import backoff
 from .timeutil import db_now, utcnow_plus
 
 if TYPE_CHECKING:
+    from .claim import LeaseAsk
     from .queue import JobQueue
 
 log = logging.getLogger("aiojobqueue.completer")
@@ -123,7 +124,7 @@ class Completer:
         )
 
     async def finish_in_one_call(
-        self, conn: AsyncConnection, outcomes: Sequence[Outcome]
+        self, conn: AsyncConnection, outcomes: Sequence[Outcome], ask: LeaseAsk | None = None,
     ) -> set[tuple[int, int]]:
         """Finish ``done`` outcomes by one call of the server-side routine (PostgreSQL, see
         PostgresOps.settle_routine) per attempt number: the fenced UPDATE (storing the
@@ -134,28 +135,45 @@ class Completer:
         graph), like settle(); it declines (changing nothing) where a child failed or was
         cancelled (cancellations to propagate), where an activated container holds another
         container or may be empty: those, and the fenced-out ones, are not in the returned
-        (id, attempt) pairs and go through finish_detailed()."""
-        stmt = self.q._settle_call
+        (id, attempt) pairs and go through finish_detailed().
+
+        ``ask``: a claim for the last call to make once it has settled (see LeaseAsk); its
+        ``rows`` are set to what it leased, unless that call declined."""
+        q = self.q
+        stmt = q._settle_call
         assert stmt is not None
-        took: set[tuple[int, int]] = set()
+        calls: list[tuple[int, dict[str, Any]]] = []
         for (a, owner), group in _by_attempt(outcomes):
             for i in range(0, len(group), CHUNK):
                 part = group[i : i + CHUNK]
                 results = [o.result for o in part]
-                params = {"ids": [o.job_id for o in part], "a": a, "o": owner,
-                          "r": json.dumps(results) if any(r is not None for r in results)
-                          else None}
-                got = (await conn.execute(stmt, params)).scalar()
-                took.update((j, a) for j in got or ())
+                calls.append((a, {"ids": [o.job_id for o in part], "a": a, "o": owner,
+                                  "r": json.dumps(results) if any(r is not None for r in results)
+                                  else None, "g": None, "types": None, "n": 0, "lo": None,
+                                  "ttl": None}))
+        if ask is not None and calls:
+            calls[-1][1].update(g=ask.group, types=ask.types, n=ask.n, lo=q.worker_id,
+                                ttl=q.lease_ttl)
+        took: set[tuple[int, int]] = set()
+        for a, params in calls:
+            done, leased = (await conn.execute(stmt, params)).one()
+            took.update((j, a) for j in done or ())
+            if ask is not None and params["n"] and done is not None:
+                ask.rows = leased
         return took
 
     def settle_routine(self) -> tuple[str, list[str]] | None:
         """(name, DDL) of the routines behind finish_in_one_call(), built from the very
         statements finish_detailed() runs; None where the dialect has no such routine."""
-        return self.q._ops.settle_routine(
+        from .claim import lease_values, pick_and_lease_stmt  # (claim imports this module)
+
+        q = self.q
+        return q._ops.settle_routine(
             lambda ids, a, o, r: self._plain_stmt(False, ids, a, o, r),
             lambda ids: self._drop_deps_stmt(ids, wake=False),
             lambda ids: self._drop_kids_stmt(ids, wake=False),
+            lambda g, n, of_types, owner, ttl: pick_and_lease_stmt(
+                q, g, n, of_types, lease_values(q, ttl=ttl, owner=owner)),
         )
 
     async def finish_detailed(

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from sqlalchemy import func, select, update
 
 from . import schema as S
-from .claim import Claimed, claim
+from .claim import Claimed, LeaseAsk, asked_claims, claim, lease_ask
 from .completer import Outcome, lit
 from .executor import Reasons, run_attempt
 from .hooks import JobEvent
@@ -306,9 +306,13 @@ class Worker:
         on another connection, lease up to ``want`` jobs of ``types`` (the slots the outcomes
         freed were counted when their handlers returned). Not one transaction for both: a
         round whose commit answer is lost would strand the leases it took until they are
-        released as orphans, bumping those jobs' attempt numbers. (False, got) if a write
+        released as orphans, bumping those jobs' attempt numbers. Except at a DAG step (no
+        backlog, and the finalize is one call of the PostgreSQL routine): there the call
+        that releases the next jobs leases them too, since the step waits on that round trip
+        (a lost answer then costs the same as a lost claim's). (False, got) if a write
         failed: the outcomes stay queued."""
         claiming: asyncio.Future[list[Claimed] | None] | None = None
+        ask: LeaseAsk | None = None
         try:
             async with self.flush_lock:
                 n = 1 if self.one_by_one else len(self.outbox)
@@ -320,11 +324,17 @@ class Worker:
                     return wrote, leased
                 # With no backlog, a finalize that may release jobs (a dependent, a
                 # container's next child) goes first, so this round's claim already sees
-                # them: a DAG's critical path takes one round per step, not two.
+                # them: a DAG's critical path takes one round per step, not two. Where the
+                # finalize is one call of the routine, that call makes the claim too.
                 if want and self.q._ops.parallel_writes and (
                         self._backlog or all(self._alone(o) for o in batch)):
                     claiming = asyncio.ensure_future(self._claim_round(want, types or [], quick))
-                wrote = not batch or await self._write_outcomes(batch)
+                if want and batch and claiming is None and self.q._settle_call is not None:
+                    ask = lease_ask(self.q, want, types or [], quick)
+                wrote = not batch or await self._write_outcomes(
+                    batch, partial(self._finalize, batch, ask) if ask else None)
+            if ask is not None and ask.rows:
+                return wrote, ask.claimed
             if want and claiming is None:
                 claiming = asyncio.ensure_future(self._claim_round(want, types or [], quick))
         except asyncio.CancelledError:
@@ -433,7 +443,7 @@ class Worker:
         await self._flushed(batch, applied)
         return True
 
-    async def _finalize(self, batch: list[Outcome]) -> list[Outcome]:
+    async def _finalize(self, batch: list[Outcome], ask: LeaseAsk | None = None) -> list[Outcome]:
         """Write ``batch``; returns the outcomes that took effect. Where single statements run
         in autocommit, successes without a result of jobs nothing waits on go in one
         statement (completer.finish_fast: one round trip), and where the one-call routine is
@@ -441,7 +451,10 @@ class Worker:
         of their dependents (completer.finish_in_one_call); the rest, and any of those the
         call skipped, are fenced and settled in one transaction. Not retried (see
         _flush); a failure leaves the whole batch to be written again, and outcomes that did
-        commit are then recognised by _committed_before."""
+        commit are then recognised by _committed_before.
+
+        ``ask``: a claim for the routine's call to make too (see claim.LeaseAsk); the jobs it
+        leased go to the buffer (and ``ask.claimed``) at once."""
         q = self.q
         plain = ([o for o in batch if o.kind == "done" and o.result is None]
                  if q._ops.autocommit_writes else [])
@@ -454,7 +467,18 @@ class Worker:
                 fast, one_call = done, q._completer.finish_in_one_call
         if not fast:
             return await q._write(partial(_finish, q, outcomes=batch), retries=0)
-        took = await q._autocommit(partial(one_call, outcomes=fast))
+        if ask is not None and one_call == q._completer.finish_in_one_call:
+            t0 = time.monotonic()
+            self.claiming = True  # (its leases are not orphans while it is in flight)
+            try:
+                took = await q._autocommit(partial(one_call, outcomes=fast, ask=ask))
+            finally:
+                self.claiming = False
+            if ask.rows is not None:
+                ask.claimed = asked_claims(q, ask)
+                self.buffer.extend((c, t0) for c in ask.claimed)
+        else:
+            took = await q._autocommit(partial(one_call, outcomes=fast))
         applied = [o for o in fast if (o.job_id, o.attempt) in took]
         rest = [o for o in batch if (o.job_id, o.attempt) not in took]
         if rest:

@@ -93,7 +93,7 @@ async def test_commit_whose_answer_was_lost_is_finalized_once(
             serving = asyncio.create_task(q.serve())
             try:
                 assert (await observer.wait(jid, timeout=30))["attempt"] == 1
-                assert (await observer.wait(after, timeout=30))["attempt"] == 1
+                second = (await observer.wait(after, timeout=30))["attempt"]
                 await asyncio.sleep(0.5)  # let any stray second finalize show itself
             finally:
                 serving.cancel()
@@ -101,7 +101,14 @@ async def test_commit_whose_answer_was_lost_is_finalized_once(
         assert px.ambiguous_commits >= 1, "the fault was not injected"
         job = await observer.get(jid)
         assert job.state == JobState.DONE and job.attempts == 1
-        assert calls == [1, 1]  # each job ran once; nothing re-ran
+        assert calls == [1, second]  # each job ran once; nothing re-ran
+        assert (await observer.get(after)).attempts == second
+        if second != 1:
+            # On PostgreSQL the call whose answer was lost may also have leased `after` (the
+            # claim rides along with the finalize at a DAG step): that lease, unknown to the
+            # worker, is released as an orphan (an attempt starts at each claim), never run.
+            assert f"not running here: [{after}]" in caplog.text
+            assert q._settle_call is not None
         assert events == ["done", "done"], events  # reported applied, not "discarded"
         assert "committed though its answer was lost" in caplog.text
 

@@ -21,8 +21,11 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from tcpproxy import TcpProxy
 from test_crash_finalize import watched_queue
 
+import aiojobqueue.claim as claim_mod
+import aiojobqueue.worker as worker_mod
 from aiojobqueue import JobContext, JobQueue, JobState
-from aiojobqueue.completer import Completer
+from aiojobqueue.claim import Claimed, LeaseAsk, claim
+from aiojobqueue.completer import Completer, Outcome
 from aiojobqueue.schema import build_tables
 
 PG_ONLY = pytest.mark.parametrize("db", ["postgresql"], indirect=True)
@@ -47,8 +50,9 @@ def one_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[int], set[int]
     seen: list[tuple[list[int], set[int]]] = []
     real = Completer.finish_in_one_call
 
-    async def spy(self: Completer, conn: Any, outcomes: Any) -> set[tuple[int, int]]:
-        took = await real(self, conn, outcomes)
+    async def spy(self: Completer, conn: Any, outcomes: Any,
+                  ask: Any = None) -> set[tuple[int, int]]:
+        took = await real(self, conn, outcomes, ask)
         seen.append(([o.job_id for o in outcomes], {i for i, _ in took}))
         return took
 
@@ -299,3 +303,106 @@ async def test_results_are_stored_by_the_one_call_path(
     if db == "postgresql":
         took = {i for _, t in one_calls for i in t}
         assert {ref.id for ref in ups.values()} <= took, one_calls
+
+
+@pytest.fixture
+def riding(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
+    """The ids each claim that rode along with a finalize call leased (a spy on the worker's
+    asked_claims; the calls run unchanged against the database)."""
+    seen: list[list[int]] = []
+    real = worker_mod.asked_claims
+
+    def spy(q: JobQueue, ask: LeaseAsk) -> list[Claimed]:
+        got = real(q, ask)
+        seen.append([c.id for c in got])
+        return got
+
+    monkeypatch.setattr(worker_mod, "asked_claims", spy)
+    return seen
+
+
+@PG_ONLY
+async def test_a_dag_step_is_leased_by_the_call_that_releases_it(
+    make_queue: Callable[..., JobQueue], riding: list[list[int]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A chain of jobs: each finalize call releases the next job and, in the same call,
+    leases it to the worker (no claim round trip between two steps of a DAG). Order holds,
+    each job runs once. (A step is claimed the usual way when the promotion sweep or the
+    group census is due, kept out of the way here, or when its job finished while the pump
+    was in a claim: the flusher then writes the outcome alone.)"""
+    monkeypatch.setattr(claim_mod, "PROMOTE_EVERY", 60.0)
+    monkeypatch.setattr(claim_mod, "GROUPS_EVERY", 60.0)
+    q = make_queue(poll_interval=60.0)
+    order: list[int] = []
+
+    @q.handler("step")
+    async def step(ctx: JobContext, i: int) -> None:
+        order.append(i)
+
+    async with q:
+        async with q.batch() as b:
+            refs = [b.add("step", {"i": 0})]
+            for i in range(1, 12):
+                refs.append(b.add("step", {"i": i}, depends_on=[refs[-1]]))
+        await q.run_until_idle()
+        for ref in refs:
+            job = await q.get(ref.id)
+            assert job.state == JobState.DONE and job.attempts == 1
+    assert order == list(range(12))
+    leased = [i for ids in riding for i in ids]
+    assert len(leased) == len(set(leased))
+    assert set(leased) <= {ref.id for ref in refs[1:]}
+    assert len(leased) >= 5, riding  # most steps; none without the riding claim
+
+
+@PG_ONLY
+async def test_the_riding_claim_takes_only_its_group_and_handler_types(
+    make_queue: Callable[..., JobQueue], riding: list[list[int]],
+) -> None:
+    """The claim made by a finalize call picks from the group this worker knows to be the
+    only one, and only jobs it has handlers for: a released job of another type stays
+    ready for a worker that has its handler; one of another group is found by the census
+    of the claim that follows the empty pick."""
+    q = make_queue()
+    ran: list[str] = []
+
+    @q.handler("x")
+    async def x(ctx: JobContext, name: str) -> None:
+        ran.append(name)
+
+    async with q:
+        async with q.batch() as b:
+            up = b.add("x", {"name": "up"}, group="g")
+            other_type = b.add("y", {}, group="g", depends_on=[up])
+            other_group = b.add("x", {"name": "h"}, group="h", depends_on=[up])
+        await q.run_until_idle()
+        assert await q.wait(other_group.id, timeout=1) is None
+        job = await q.get(other_type.id)
+        assert job.state == JobState.READY and job.attempts == 0
+    assert ran == ["up", "h"]
+    assert riding and all(ids == [] for ids in riding), riding  # asked, found nothing
+
+
+@PG_ONLY
+async def test_a_declined_call_leases_nothing(make_queue: Callable[..., JobQueue]) -> None:
+    """Where the routine declines (a sibling failed: the long path must fail the
+    container), the claim riding along is undone with the rest: nothing leased."""
+    q = make_queue()
+    async with q:
+        async with q.batch() as b:
+            box = b.container("box")
+            bad = b.add("t", {}, parent=box)
+            last = b.add("t", {}, parent=box)
+        got = await q._write(lambda conn: claim(q, conn, 5, ["t"]))
+        assert sorted(c.id for c in got) == [bad.id, last.id]
+        spare = await q.enqueue("t", {})
+        await q._write(lambda conn: q._completer.finish(conn, [Outcome(
+            bad.id, 1, q.worker_id, "failed", error={"type": "E"}, retryable=False)]))
+        ask = LeaseAsk("default", ["t"], 5)
+        took = await q._autocommit(lambda conn: q._completer.finish_in_one_call(
+            conn, [Outcome(last.id, 1, q.worker_id, "done")], ask))
+        assert took == set() and ask.rows is None
+        for jid, state, attempts in ((last.id, JobState.RUNNING, 1), (spare, JobState.READY, 0)):
+            job = await q.get(jid)
+            assert job.state == state and job.attempts == attempts

@@ -159,20 +159,21 @@ class DialectOps(ABC):
 
     def settle_routine(
         self, finish: Callable[[Any, Any, Any, Any], Any], release: Callable[[Any], Any],
-        activate: Callable[[Any], Any],
+        activate: Callable[[Any], Any], lease: Callable[[Any, Any, Any, Any, Any], Any],
     ) -> tuple[str, list[str]] | None:
         """(name, DDL statements) of the server-side routines that finalize successes and
         release their dependents in one call (see Completer.finish_in_one_call), or None
-        where the dialect has none. ``finish(ids, attempt, owner, result)``, ``release(ids)``
-        and ``activate(container ids)`` build the statements they run, given the expressions
-        of their own variables."""
+        where the dialect has none. ``finish(ids, attempt, owner, result)``, ``release(ids)``,
+        ``activate(container ids)`` and ``lease(group, n, type match, owner, ttl)`` build
+        the statements they run, given the expressions of their own variables."""
         return None
 
     def settle_calls(self, name: str) -> tuple[Any, Any]:
         """The statements calling the routines of settle_routine() ``name``: the one-call
-        finalize (``ids``, ``a``, ``o``, ``r`` (results as JSON text, or None) -> the ids it
-        finished, or NULL: declined) and the
-        release of dependents (``ids`` -> id, kind, state, parent_id of the rows it changed)."""
+        finalize (``ids``, ``a``, ``o``, ``r`` (results as JSON text, or None), and the
+        claim riding along: ``g``, ``types``, ``n`` (0: none), ``lo``, ``ttl`` -> one row:
+        the ids it finished (NULL: declined) and the rows it leased (JSON)) and the release
+        of dependents (``ids`` -> id, kind, state, parent_id of the rows it changed)."""
         raise NotImplementedError
 
     async def routine_exists(self, conn: AsyncConnection, name: str) -> bool:

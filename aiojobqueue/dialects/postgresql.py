@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Float,
     Integer,
     Select,
     Text,
@@ -76,7 +77,7 @@ class PostgresOps(DialectOps):
 
     def settle_routine(
         self, finish: Callable[[Any, Any, Any, Any], Any], release: Callable[[Any], Any],
-        activate: Callable[[Any], Any],
+        activate: Callable[[Any], Any], lease: Callable[[Any, Any, Any, Any, Any], Any],
     ) -> tuple[str, list[str]]:
         """Two PL/pgSQL functions. ``<name>_rel(ids)`` releases the dependents of the
         finished ``ids`` (the statement of Completer._drop_deps_stmt; finish_detailed() calls
@@ -97,8 +98,13 @@ class PostgresOps(DialectOps):
         the container. Called in autocommit, the whole call is one transaction and one round
         trip. Where a child failed or was cancelled (cancellations to propagate), or an
         activated container holds another container or may be empty, it raises inside its
-        own block, so everything it did is undone, and returns NULL: the caller then takes
-        the long path. Else it returns the ids it finished."""
+        own block, so everything it did is undone, and returns NULLs: the caller then takes
+        the long path. Else it returns the ids it finished, and, where ``p_n > 0``, leases
+        up to ``p_n`` ready jobs of group ``p_g`` and types ``p_types`` to ``p_lo`` for
+        ``p_ttl`` seconds by the statement claim() runs for its known group (a fresh
+        snapshot: the jobs this call released are among them) and returns them as a JSON
+        array of claim_columns() rows: the next step of a DAG leased in the call that made it
+        runnable, one round trip less."""
         from sqlalchemy.dialects.postgresql.asyncpg import PGDialect_asyncpg
 
         dialect = PGDialect_asyncpg()  # type: ignore[no-untyped-call]
@@ -134,6 +140,10 @@ BEGIN
   END IF;
   RETURN QUERY SELECT * FROM unnest(v_id, v_kind, v_state, v_parent);
 END"""
+        leased = lease(literal_column("p_g"), literal_column("p_n"),
+                       lambda col: col == any_(literal_column("p_types")),
+                       literal_column("p_lo"), literal_column("p_ttl"))
+        row = ", ".join(f"l.{c.name}" for c in leased.exported_columns)
         body = f"""
 DECLARE
   v_ids bigint[]; v_rel bigint[]; v_parents bigint[]; v_next bigint[];
@@ -205,12 +215,19 @@ BEGIN
     EXIT WHEN cardinality(v_rel) = 0;
     v_parents := v_next;
   END LOOP;
+  IF p_n > 0 THEN
+    WITH l AS ({sql(leased)})
+    SELECT coalesce(jsonb_agg(jsonb_build_array({row})), '[]') INTO o_leased FROM l;
+  END IF;
   IF v_ready THEN
     PERFORM pg_notify('{self.channel()}', '');
   END IF;
-  RETURN v_ids;
+  o_done := v_ids;
+  RETURN;
 EXCEPTION WHEN SQLSTATE 'AJQ01' THEN
-  RETURN NULL;
+  o_done := NULL;
+  o_leased := NULL;
+  RETURN;
 END"""
         digest = hashlib.sha1((rel_body + body).encode()).hexdigest()[:10]
         name = f"{jobs}_settle_{digest}"
@@ -220,16 +237,21 @@ END"""
             f"kind text, state text, parent_id bigint) LANGUAGE plpgsql VOLATILE "
             f"SET enable_nestloop = off AS $ajq${rel_body}\n$ajq$",
             f"CREATE OR REPLACE FUNCTION {name}(p_ids bigint[], p_a integer, p_o text, "
-            f"p_results jsonb) "
-            f"RETURNS bigint[] LANGUAGE plpgsql VOLATILE SET enable_nestloop = off "
+            f"p_results jsonb, p_g text, p_types text[], p_n integer, p_lo text, "
+            f"p_ttl double precision, OUT o_done bigint[], OUT o_leased jsonb) "
+            f"LANGUAGE plpgsql VOLATILE SET enable_nestloop = off "
             f"AS $ajq${body}\n$ajq$",
         ]
 
     def settle_calls(self, name: str) -> tuple[Any, Any]:
         ids = bindparam("ids", type_=ARRAY(BigInteger))
-        finish = select(Function(name, ids, bindparam("a", type_=Integer()),
-                                 bindparam("o", type_=Text()), self.json_param("r"),
-                                 type_=ARRAY(BigInteger)))
+        call = Function(name, ids, bindparam("a", type_=Integer()), bindparam("o", type_=Text()),
+                        self.json_param("r"), bindparam("g", type_=Text()),
+                        bindparam("types", type_=ARRAY(Text)), bindparam("n", type_=Integer()),
+                        bindparam("lo", type_=Text()), bindparam("ttl", type_=Float())
+                        ).table_valued(column("o_done", ARRAY(BigInteger)),
+                                       column("o_leased", JSONB))
+        finish = select(call.c.o_done, call.c.o_leased)
         rel = Function(f"{name}_rel", ids).table_valued(
             column("id", BigInteger), column("kind", Text), column("state", Text),
             column("parent_id", BigInteger))
