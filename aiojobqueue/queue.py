@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
-from sqlalchemy import select
+from sqlalchemy import Connection, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
@@ -229,11 +229,35 @@ class JobQueue:
     # -- transactions ---------------------------------------------------------------------
     async def _write(self, fn: Callable[[AsyncConnection], Awaitable[T]], retries: int = 8) -> T:
         """Run ``fn`` in one write transaction; lock conflicts and deadlocks retry it whole."""
+
+        async def once() -> T:
+            async with self.engine.begin() as conn:
+                return await fn(conn)
+
+        return await self._retrying(once, retries)
+
+    async def _write_sync(self, fn: Callable[[Connection], T], retries: int = 8) -> T:
+        """``_write()`` for a synchronous ``fn``. Where the dialect has a side writer (SQLite)
+        the transaction runs wholly in a thread on a connection of its own: once it holds
+        the database's write lock it commits and lets go even while a handler blocks this
+        event loop, so other processes' writes never wait on it. For the side loops' short
+        transactions (the heartbeat), not the hot path."""
+        side = self._ops.side_writer(self.engine)
+        if side is None:
+            return await self._write(lambda conn: conn.run_sync(fn), retries)
+
+        def once() -> T:
+            with side.begin() as conn:
+                return fn(conn)
+
+        return await self._retrying(lambda: asyncio.to_thread(once), retries)
+
+    async def _retrying(self, once: Callable[[], Awaitable[T]], retries: int) -> T:
+        """``once()``, again on a lock conflict or deadlock, up to ``retries`` times."""
         delay = 0.005
         for attempt in range(retries + 1):
             try:
-                async with self.engine.begin() as conn:
-                    return await fn(conn)
+                return await once()
             except Exception as exc:  # drivers may raise unwrapped errors: ask the dialect
                 if attempt == retries or not self._ops.is_transient(exc):
                     raise

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import func, select, update
+from sqlalchemy import Connection, func, select, update
 
 from . import schema as S
 from .claim import Claimed, LeaseAsk, asked_claims, claim, lease_ask
@@ -593,7 +593,7 @@ class Worker:
             mine.update((c.id, c.attempt) for c, _ in self.buffer)
             try:
                 async with asyncio.timeout(max(q.lease_ttl, 5.0)):  # a hung link is no beat
-                    rows = await q._write(partial(self._beat, ids=sorted(mine)))
+                    rows = await q._write_sync(partial(self._beat, ids=sorted(mine)))
             except Exception as exc:
                 if not self._retryable(exc):
                     raise
@@ -613,24 +613,26 @@ class Worker:
             await self._reconcile(mine, rows)
             await asyncio.sleep(q.heartbeat_interval)
 
-    async def _beat(self, conn: Any, *, ids: list[int]) -> list[Any]:
+    def _beat(self, conn: Connection, *, ids: list[int]) -> list[Any]:
         q = self.q
         J, W = q._t.jobs, q._t.workers
+        # Synchronous: on SQLite it runs in a thread, to its end whatever this event loop is
+        # doing (see JobQueue._write_sync).
         # Renew only the attempts this process runs: a lease it holds without knowing (a
         # claim whose commit answer was lost) must not be kept alive forever.
         for i in range(0, len(ids), 1000):
-            await conn.execute(
+            conn.execute(
                 update(J).where(J.c.state == lit(S.RUNNING), J.c.lease_owner == q.worker_id,
                                 J.c.id.in_(ids[i : i + 1000]))
                 .values(lease_expires=utcnow_plus(q.lease_ttl))
             )
         vals = {"last_seen": db_now(), "running": len(ids)}
-        res = await conn.execute(update(W).where(W.c.id == q.worker_id).values(**vals))
+        res = conn.execute(update(W).where(W.c.id == q.worker_id).values(**vals))
         if res.rowcount == 0:  # first beat (an upsert: a retried first beat must not collide)
-            await conn.execute(q._ops._insert_ignore(W).values(
+            conn.execute(q._ops._insert_ignore(W).values(
                 id=q.worker_id, host=socket.gethostname()[:255], pid=os.getpid(),
                 started_at=db_now(), **vals))
-        rows = await conn.execute(
+        rows = conn.execute(
             select(J.c.id, J.c.attempts, J.c.cancel_requested)
             .where(J.c.state == lit(S.RUNNING), J.c.lease_owner == q.worker_id)
         )

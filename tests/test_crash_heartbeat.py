@@ -56,8 +56,16 @@ def _break_heartbeat(q: JobQueue, exc: Callable[[], Exception]) -> Callable[[], 
         if statement.lstrip().upper().startswith("UPDATE") and table in statement:
             raise exc()
 
-    event.listen(q.engine.sync_engine, "before_cursor_execute", before)
-    return lambda: event.remove(q.engine.sync_engine, "before_cursor_execute", before)
+    # the heartbeat's engine: the queue's, or on SQLite the side writer it runs on
+    engines = [e for e in (q.engine.sync_engine, q._ops.side_writer(q.engine)) if e is not None]
+    for engine in engines:
+        event.listen(engine, "before_cursor_execute", before)
+
+    def heal() -> None:
+        for engine in engines:
+            event.remove(engine, "before_cursor_execute", before)
+
+    return heal
 
 
 def _work_handler(q: JobQueue, log: list[tuple[str, int, int, float]]) -> None:

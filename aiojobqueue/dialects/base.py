@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar
 
-from sqlalchemy import Select, Table, Text, bindparam, insert, select
+from sqlalchemy import Engine, Select, Table, Text, bindparam, insert, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -210,6 +210,12 @@ class DialectOps(ABC):
 
     async def release(self) -> None:  # noqa: B027 - optional hook
         """Give back what the dialect holds between calls (JobQueue.close)."""
+
+    def side_writer(self, engine: AsyncEngine) -> Engine | None:
+        """A synchronous engine on the same database, for write transactions that must run
+        to their end without the event loop (JobQueue._write_sync), or None: they run on
+        ``engine`` like any other."""
+        return None
 
     def json_param(self, name: str) -> Any:
         """A bind parameter for a JSON column that takes already encoded JSON text."""

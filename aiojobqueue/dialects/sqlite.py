@@ -12,7 +12,7 @@ import sqlite3
 from functools import cached_property
 from typing import Any
 
-from sqlalchemy import Select, event
+from sqlalchemy import Engine, Select, create_engine, event
 from sqlalchemy.dialects.sqlite import insert as lite_insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
@@ -35,6 +35,30 @@ BUSY_TIMEOUT_MS = 30_000
 WATCH_EVERY = 0.005
 
 
+def _hook(engine: Engine) -> Engine:
+    """WAL, a busy timeout and full sync on each connection; BEGIN IMMEDIATE (or the mode an
+    ``ajq_begin`` execution option names) for each transaction. Once per engine."""
+    if getattr(engine, "_ajq_hooks", False):
+        return engine
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_conn: Any, _rec: Any) -> None:
+        dbapi_conn.isolation_level = None  # we emit BEGIN ourselves (below)
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        cur.execute("PRAGMA synchronous=FULL")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Connection) -> None:
+        mode = conn.get_execution_options().get("ajq_begin", "IMMEDIATE")
+        conn.exec_driver_sql(f"BEGIN {mode}")
+
+    engine._ajq_hooks = True  # type: ignore[attr-defined]
+    return engine
+
+
 class SQLiteOps(DialectOps):
     name = "sqlite"
     # One writer at a time: a worker that leases ahead re-takes the write lock round after
@@ -44,27 +68,33 @@ class SQLiteOps(DialectOps):
     parallel_writes = False
     local_commit = True
 
+    def __init__(self, tables: Any) -> None:
+        super().__init__(tables)
+        self._side: Engine | None = None
+
     def prepare_engine(self, engine: AsyncEngine) -> AsyncEngine:
-        sync_engine = engine.sync_engine
-        if getattr(sync_engine, "_ajq_hooks", False):
-            return engine
-
-        @event.listens_for(sync_engine, "connect")
-        def _connect(dbapi_conn: Any, _rec: Any) -> None:
-            dbapi_conn.isolation_level = None  # we emit BEGIN ourselves (below)
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-            cur.execute("PRAGMA synchronous=FULL")
-            cur.close()
-
-        @event.listens_for(sync_engine, "begin")
-        def _begin(conn: Connection) -> None:
-            mode = conn.get_execution_options().get("ajq_begin", "IMMEDIATE")
-            conn.exec_driver_sql(f"BEGIN {mode}")
-
-        sync_engine._ajq_hooks = True  # type: ignore[attr-defined]
+        _hook(engine.sync_engine)
         return engine
+
+    def side_writer(self, engine: AsyncEngine) -> Engine | None:
+        """A plain (pysqlite) engine on the same file, for write transactions run wholly in
+        a thread (see JobQueue._write_sync): aiosqlite hands each statement back to the event
+        loop, so a transaction it has begun holds the file's write lock for as long as a
+        handler blocks that loop, and every other process's write waits. None in memory
+        (another connection would open another database)."""
+        if self._side is None:
+            path = engine.url.database
+            if not path or path == ":memory:" or path.startswith("file::memory:"):
+                return None
+            self._side = _hook(create_engine(
+                engine.url.set(drivername="sqlite"), pool_size=1, max_overflow=1,
+                connect_args={"check_same_thread": False}))
+        return self._side
+
+    async def release(self) -> None:
+        side, self._side = self._side, None
+        if side is not None:
+            side.dispose()
 
     def _insert_ignore(self, table: Any) -> Any:
         return lite_insert(table).on_conflict_do_nothing()
