@@ -359,12 +359,16 @@ async def test_a_dag_step_is_leased_by_the_call_that_releases_it(
 @PG_ONLY
 async def test_the_riding_claim_takes_only_its_group_and_handler_types(
     make_queue: Callable[..., JobQueue], riding: list[list[int]],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The claim made by a finalize call picks from the group this worker knows to be the
     only one, and only jobs it has handlers for: a released job of another type stays
     ready for a worker that has its handler; one of another group is found by the census
-    of the claim that follows the empty pick."""
-    q = make_queue()
+    of the claim that follows the empty pick (the sweep and census windows kept open, so
+    the finalize call does make the claim)."""
+    monkeypatch.setattr(claim_mod, "PROMOTE_EVERY", 60.0)
+    monkeypatch.setattr(claim_mod, "GROUPS_EVERY", 60.0)
+    q = make_queue(poll_interval=60.0)
     ran: list[str] = []
 
     @q.handler("x")
