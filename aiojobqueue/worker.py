@@ -459,26 +459,28 @@ class Worker:
         plain = ([o for o in batch if o.kind == "done" and o.result is None]
                  if q._ops.autocommit_writes else [])
         fast = [o for o in plain if self._alone(o)]
-        one_call = q._completer.finish_fast
+        one_call: Callable[..., Awaitable[set[tuple[int, int]]]] = q._completer.finish_fast
+        riding = None  # the claim the routine's call makes too
         if q._settle_call is not None:
             done = [o for o in batch if o.kind == "done"]
             if len(fast) < len(done):
                 # results to store, or a parent or dependents: the routine does it all
-                fast, one_call = done, q._completer.finish_in_one_call
+                fast, riding = done, ask
+                one_call = partial(q._completer.finish_in_one_call, ask=ask)
         if not fast:
             return await q._write(partial(_finish, q, outcomes=batch), retries=0)
-        if ask is not None and one_call == q._completer.finish_in_one_call:
+        if riding is None:
+            took = await q._autocommit(partial(one_call, outcomes=fast))
+        else:  # (no claim round runs beside it: see _flush)
             t0 = time.monotonic()
-            self.claiming = True  # (its leases are not orphans while it is in flight)
+            self.claiming = True  # its leases are no orphans while it is in flight
             try:
-                took = await q._autocommit(partial(one_call, outcomes=fast, ask=ask))
+                took = await q._autocommit(partial(one_call, outcomes=fast))
             finally:
                 self.claiming = False
-            if ask.rows is not None:
-                ask.claimed = asked_claims(q, ask)
-                self.buffer.extend((c, t0) for c in ask.claimed)
-        else:
-            took = await q._autocommit(partial(one_call, outcomes=fast))
+            if riding.rows is not None:
+                riding.claimed = asked_claims(q, riding)
+                self.buffer.extend((c, t0) for c in riding.claimed)
         applied = [o for o in fast if (o.job_id, o.attempt) in took]
         rest = [o for o in batch if (o.job_id, o.attempt) not in took]
         if rest:
