@@ -16,7 +16,9 @@ measured in the same run, back to back, so ratios come from one noise window.
   fan-out of W jobs depending on the head and a fan-in job depending on all W; each layer's
   container depends on the previous one (one chain: every layer boundary is on the critical
   path), then the same containers as 4 independent chains. Rate against the flat rate at
-  the same C measured just before it; ``--reps`` such pairs, the median ratio reported.
+  the same C measured just before it; ``--reps`` such pairs, the median ratio reported; and
+  the CPU per job of the flat and one-chain drains, in this process and in every process of
+  the PostgreSQL server (read from /proc when the server is local).
 * ``large``: 1,000,000 finished jobs and 100,000 jobs waiting on a dependency in the table,
   then the flat drain; rate against the empty-table flat rate, and the claim's generic plan
   (PREPARE + plan_cache_mode=force_generic_plan) must stay on the ready index.
@@ -66,11 +68,88 @@ def rate(x: float) -> str:
 
 
 # -- helpers ----------------------------------------------------------------------------------
-async def drain_aiojobqueue(where: Any, conc: int) -> tuple[float, dict[str, Any]]:
+#: CPU seconds of each drain made with a label: (this process, the PostgreSQL server or None,
+#: jobs completed)
+CPU: dict[str, list[tuple[float, float | None, int]]] = {}
+
+
+async def drain_aiojobqueue(where: Any, conc: int,
+                            cpu: str | None = None) -> tuple[float, dict[str, Any]]:
+    """Drain by one worker at capacity ``conc``; with ``cpu``, the CPU time the drain took in
+    this process and in the database server is noted under that label (see cpu_note)."""
     rec = Recorder()
+    before = await _cpu(where) if cpu else None
     await A._work(where, conc, True, rec, asyncio.Event())
+    after = await _cpu(where) if cpu else None
     v = await A._verify(where, 0)
+    if cpu and before and after:
+        pg = None if after[1] is None or before[1] is None else after[1] - before[1]
+        CPU.setdefault(cpu, []).append((after[0] - before[0], pg, v["completed"]))
     return v["t_last_done"] - rec.first_start, v | {"dups": rec.dups, "handled": len(rec.seen)}
+
+
+def cpu_note(label: str) -> str:
+    """Median CPU per job of the drains noted under ``label``: "py X / pg Y us"."""
+    import statistics
+
+    got = CPU.get(label, [])
+    if not got:
+        return ""
+    py = statistics.median(p / n * 1e6 for p, _, n in got if n)
+    pgs = [g / n * 1e6 for _, g, n in got if n and g is not None]
+    return f"py {py:.0f} / pg {statistics.median(pgs):.0f} us/job" if pgs else f"py {py:.0f} us/job"
+
+
+async def _cpu(where: Any) -> tuple[float, float | None]:
+    """(CPU seconds of this process, of the local PostgreSQL server's processes or None where
+    they cannot be read: a remote server, no /proc)."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    pm = await _postmaster(where) if isinstance(where, str) else None
+    return ru.ru_utime + ru.ru_stime, None if pm is None else _server_cpu(pm)
+
+
+def _server_cpu(pm: str) -> float:
+    """The postmaster's own CPU time, its reaped children's (closed connections) and its
+    live children's, in seconds."""
+    total = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # state ppid ... utime stime cutime cstime
+        if pid == pm:
+            total += sum(int(x) for x in fields[11:15])
+        elif fields[1] == pm:
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+_PM: list[str | None] = []
+
+
+async def _postmaster(dsn: str) -> str | None:
+    """The local postmaster's pid (its postmaster.pid; the bench role is a superuser)."""
+    if not _PM:
+        import asyncpg
+
+        pid = None
+        try:
+            conn = await asyncpg.connect(dsn.replace("postgresql+asyncpg", "postgresql"))
+            try:
+                pid = str(await conn.fetchval("SELECT pg_read_file('postmaster.pid')")).split()[0]
+            finally:
+                await conn.close()
+        except Exception:  # not readable (not a superuser, say): no server CPU figures
+            pid = None
+        # a remote server's pid means nothing here; once per run, so the blocking look is fine
+        _PM.append(pid if pid and os.path.exists(f"/proc/{pid}/stat") else None)  # noqa: ASYNC240
+    return _PM[0]
 
 
 async def drain_pgqueuer(dsn: str, conc: int, defaults: bool) -> float:
@@ -143,11 +222,11 @@ async def sc_enqueue(args: argparse.Namespace) -> None:
         f"pgqueuer {rate(p_single)}  ratio {a_single / p_single:.2f}")
 
 
-async def flat(conc: int, n: int) -> tuple[float, str]:
+async def flat(conc: int, n: int, cpu: str | None = None) -> tuple[float, str]:
     dsn = await fresh_db(DB)
     await A._install(dsn)
     await A._enqueue_batch(dsn, n, 1000)
-    span, v = await drain_aiojobqueue(dsn, conc)
+    span, v = await drain_aiojobqueue(dsn, conc, cpu)
     return n / span, check(v, n)
 
 
@@ -193,7 +272,8 @@ async def build_dag(q: Any, n: int, layers: int, chains: int = 1) -> int:
 async def sc_dag(args: argparse.Namespace, flat_rates: dict[int, float]) -> None:
     """Flat and DAG drains alternated ``--reps`` times per C (this machine's rate moves by
     up to 2x between minutes): each DAG rate against the flat rate measured just before it,
-    the median of those ratios reported."""
+    the median of those ratios reported; and the CPU each drain took per job, in this process
+    and in the (local) PostgreSQL server."""
     import statistics
 
     for conc in (10, 50):
@@ -202,16 +282,15 @@ async def sc_dag(args: argparse.Namespace, flat_rates: dict[int, float]) -> None
         flats: list[float] = []
         ok = "ok"
         n = args.n
-        for rep in range(args.reps):
-            if rep or conc not in flat_rates:
-                flat_rates[conc] = (await flat(conc, args.n))[0]
+        for _rep in range(args.reps):
+            flat_rates[conc] = (await flat(conc, args.n, cpu=f"flat C={conc}"))[0]
             flats.append(flat_rates[conc])
             for chains in (1, 4):
                 dsn = await fresh_db(DB)
                 await A._install(dsn)
                 async with A._queue(dsn) as q:
                     n = await build_dag(q, args.n, args.layers, chains)
-                span, v = await drain_aiojobqueue(dsn, conc)
+                span, v = await drain_aiojobqueue(dsn, conc, cpu=f"dag{chains} C={conc}")
                 for k in ("completed", "distinct"):  # the containers are done too, never run
                     v[k] -= args.layers
                 if check(v, n) != "ok":
@@ -225,6 +304,10 @@ async def sc_dag(args: argparse.Namespace, flat_rates: dict[int, float]) -> None
             row("dag", f"DAG drain C={conc}: {shape}", rate(statistics.median(rates[chains])),
                 f"vs flat {rate(statistics.median(flats))}: median ratio "
                 f"{statistics.median(ratios[chains]):.2f} ({each})  {ok}")
+        row("dag", f"CPU per job C={conc}: flat / DAG one chain",
+            cpu_note(f"flat C={conc}") or "n/a",
+            f"DAG {cpu_note(f'dag1 C={conc}') or 'n/a'} (medians; pg: every process of the "
+            "local server, n/a when it cannot be read)")
 
 
 LARGE_SQL = """
