@@ -30,6 +30,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import aiojobqueue.worker as worker_mod
 from aiojobqueue import JobContext, JobEvent, JobQueue
 from aiojobqueue.runner import run_worker
 
@@ -100,6 +101,17 @@ def build(args: argparse.Namespace) -> JobQueue:
         def fn(e: JobEvent) -> None:
             event(name, job=e.job_id, attempt=e.attempt)
         return fn
+
+    # the jobs a finalize call leased along (PostgreSQL's riding claim), for test_chaos
+    real_asked = worker_mod.asked_claims
+
+    def asked(q: JobQueue, ask: Any) -> Any:
+        got = real_asked(q, ask)
+        if got:
+            event("rode", jobs=[c.id for c in got])
+        return got
+
+    worker_mod.asked_claims = asked
 
     # "retry" and "failed" both end an attempt in failure (attempts left, or not)
     for name, ev in (("done", "fin"), ("discarded", "discarded"), ("released", "released"),
