@@ -321,19 +321,26 @@ def riding(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
     return seen
 
 
+@pytest.fixture
+def steady_queue(make_queue: Callable[..., JobQueue],
+                 monkeypatch: pytest.MonkeyPatch) -> JobQueue:
+    """A queue whose promotion sweep and group census are never due during a test, so every
+    claim that may ride along with a finalize call does."""
+    monkeypatch.setattr(claim_mod, "PROMOTE_EVERY", 60.0)
+    monkeypatch.setattr(claim_mod, "GROUPS_EVERY", 60.0)
+    return make_queue(poll_interval=60.0)
+
+
 @PG_ONLY
 async def test_a_dag_step_is_leased_by_the_call_that_releases_it(
-    make_queue: Callable[..., JobQueue], riding: list[list[int]],
-    monkeypatch: pytest.MonkeyPatch,
+    steady_queue: JobQueue, riding: list[list[int]],
 ) -> None:
     """A chain of jobs: each finalize call releases the next job and, in the same call,
     leases it to the worker (no claim round trip between two steps of a DAG). Order holds,
     each job runs once. (A step is claimed the usual way when the promotion sweep or the
     group census is due, kept out of the way here, or when its job finished while the pump
     was in a claim: the flusher then writes the outcome alone.)"""
-    monkeypatch.setattr(claim_mod, "PROMOTE_EVERY", 60.0)
-    monkeypatch.setattr(claim_mod, "GROUPS_EVERY", 60.0)
-    q = make_queue(poll_interval=60.0)
+    q = steady_queue
     order: list[int] = []
 
     @q.handler("step")
@@ -358,17 +365,14 @@ async def test_a_dag_step_is_leased_by_the_call_that_releases_it(
 
 @PG_ONLY
 async def test_the_riding_claim_takes_only_its_group_and_handler_types(
-    make_queue: Callable[..., JobQueue], riding: list[list[int]],
-    monkeypatch: pytest.MonkeyPatch,
+    steady_queue: JobQueue, riding: list[list[int]],
 ) -> None:
     """The claim made by a finalize call picks from the group this worker knows to be the
     only one, and only jobs it has handlers for: a released job of another type stays
     ready for a worker that has its handler; one of another group is found by the census
     of the claim that follows the empty pick (the sweep and census windows kept open, so
     the finalize call does make the claim)."""
-    monkeypatch.setattr(claim_mod, "PROMOTE_EVERY", 60.0)
-    monkeypatch.setattr(claim_mod, "GROUPS_EVERY", 60.0)
-    q = make_queue(poll_interval=60.0)
+    q = steady_queue
     ran: list[str] = []
 
     @q.handler("x")
