@@ -79,6 +79,17 @@ async def test_chaos_sigkill_workers_over_chains_leased_by_their_finalize(
         assert rode == 0
 
 
+def running_pids(fleet: Fleet) -> set[int]:
+    """The workers with an attempt started and not ended, per the event log."""
+    running: dict[tuple[int, int], int] = {}
+    for e in fleet.events():
+        if e["ev"] == "start":
+            running[(e["job"], e["attempt"])] = e["pid"]
+        elif e["ev"] == "end":
+            running.pop((e["job"], e["attempt"]), None)
+    return set(running.values())
+
+
 async def chaos(
     make_queue: Callable[..., JobQueue], fleet_factory: Callable[..., Fleet],  # noqa: F811
     db: str, rnd: random.Random, shape: Shape, poll: float,
@@ -117,9 +128,13 @@ async def chaos(
             assert time.monotonic() < deadline, f"{done}/{n_jobs} done\n{fleet.dump()}"
             assert not any(r.state in (JobState.FAILED, JobState.CANCELLED) for r in snapshot)
             if time.monotonic() >= next_kill and done < n_jobs * 0.95:
-                ready = {e["pid"] for e in fleet.events("ready")}
-                victim = rnd.choice([p for p in fleet.alive() if p.pid in ready]
-                                    or fleet.alive())
+                # a worker in the middle of an attempt where there is one: a kill that hits an
+                # idle worker proves nothing about recovery (and a short run could end with
+                # none interrupted)
+                busy, ready = running_pids(fleet), {e["pid"] for e in fleet.events("ready")}
+                alive = fleet.alive()
+                victim = rnd.choice([p for p in alive if p.pid in busy]
+                                    or [p for p in alive if p.pid in ready] or alive)
                 fleet.kill(victim)
                 kills += 1
                 fleet.spawn()
