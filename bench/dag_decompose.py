@@ -24,9 +24,7 @@ import asyncio
 import statistics
 import sys
 
-import peer_aiojobqueue as A
 import run as R  # bench/run.py (its sys.path set-up makes the peer harness importable)
-from common import fresh_db
 
 DB = "bench_ajq_decompose"
 PRE_RELEASE = """
@@ -46,10 +44,7 @@ UPDATE ajq_jobs SET has_dependents = false
 async def dag(conc: int, n: int, pre: bool) -> float:
     import asyncpg
 
-    dsn = await fresh_db(DB)
-    await A._install(dsn)
-    async with A._queue(dsn) as q:
-        jobs = await R.build_dag(q, n, 20, 1)
+    dsn, jobs = await R.loaded(DB, n, True)
     if pre:
         conn = await asyncpg.connect(dsn.replace("postgresql+asyncpg", "postgresql"))
         try:

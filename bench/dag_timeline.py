@@ -30,9 +30,7 @@ import time
 from collections import defaultdict
 from typing import Any, NamedTuple
 
-import peer_aiojobqueue as A
 import run as R  # bench/run.py (its sys.path set-up makes the peer harness importable)
-from common import fresh_db
 
 from aiojobqueue import worker as W
 
@@ -73,14 +71,7 @@ W.Worker._flush = _timed_flush  # type: ignore[method-assign]
 
 
 async def drain(conc: int, n: int, dag: bool, dump: int) -> list[str]:
-    dsn = await fresh_db(DB)
-    await A._install(dsn)
-    if dag:
-        async with A._queue(dsn) as q:
-            jobs = await R.build_dag(q, n, 20, 1)
-    else:
-        jobs = n
-        await A._enqueue_batch(dsn, n, 1000)
+    dsn, jobs = await R.loaded(DB, n, dag)
     ROUNDS.clear()
     span, v = await R.drain_aiojobqueue(dsn, conc)
     for k in ("completed", "distinct"):  # the containers are done too, never run

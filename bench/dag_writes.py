@@ -17,9 +17,7 @@ import argparse
 import asyncio
 from typing import Any
 
-import peer_aiojobqueue as A
 import run as R  # bench/run.py (its sys.path set-up makes the peer harness importable)
-from common import fresh_db
 
 DB = "bench_ajq_writes"
 
@@ -44,18 +42,12 @@ async def counters(conn: Any) -> dict[str, Any]:
 async def drain(conc: int, n: int, dag: bool, rep: int) -> str:
     import asyncpg
 
-    dsn = await fresh_db(DB)
+    dsn, jobs = await R.loaded(DB, n, dag)
     plain = dsn.replace("postgresql+asyncpg", "postgresql")
     conn = await asyncpg.connect(plain)
     try:
+        # for the drain's sessions (all opened after this)
         await conn.execute(f"ALTER DATABASE {DB} SET track_functions = 'pl'")
-        await A._install(dsn)
-        if dag:
-            async with A._queue(dsn) as q:
-                jobs = await R.build_dag(q, n, 20, 1)
-        else:
-            jobs = n
-            await A._enqueue_batch(dsn, n, 1000)
         before = await counters(conn)
         label = f"{'dag' if dag else 'flat'} C={conc} #{rep}"
         span, _ = await R.drain_aiojobqueue(dsn, conc, cpu=label)

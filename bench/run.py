@@ -269,6 +269,18 @@ async def build_dag(q: Any, n: int, layers: int, chains: int = 1) -> int:
     return total
 
 
+async def loaded(db: str, n: int, dag: bool) -> tuple[str, int]:
+    """A fresh database ``db`` with the queue installed and ``n`` no-op jobs waiting,
+    independent or as build_dag's 20 layers; returns its DSN and the number of jobs."""
+    dsn = await fresh_db(db)
+    await A._install(dsn)
+    if not dag:
+        await A._enqueue_batch(dsn, n, 1000)
+        return dsn, n
+    async with A._queue(dsn) as q:
+        return dsn, await build_dag(q, n, 20)
+
+
 async def sc_dag(args: argparse.Namespace, flat_rates: dict[int, float]) -> None:
     """Flat and DAG drains alternated ``--reps`` times per C (this machine's rate moves by
     up to 2x between minutes): each DAG rate against the flat rate measured just before it,
