@@ -13,7 +13,17 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from sqlalchemy import and_, bindparam, case, false, func, literal_column, select, update
+from sqlalchemy import (
+    and_,
+    bindparam,
+    case,
+    delete,
+    false,
+    func,
+    literal_column,
+    select,
+    update,
+)
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as S
@@ -26,6 +36,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("aiojobqueue.completer")
 CHUNK = 1000
+#: A DAG step's finalize releases at least this many of a wide fan-out in its own call (more
+#: where it leases more: 4x), the rest right after in a call of their own (PostgreSQL; see
+#: PostgresOps.settle_routine). Jobs with fewer dependents release them all at once.
+SPLIT = 128
+#: The rest of a split release is recorded (and released) in parts of at most this many jobs,
+#: each its own transaction, so the first part is runnable before the last is written.
+PART = 256
 #: how a statement matches a column against the id list it works on
 IdsMatch = Callable[[Any], Any]
 
@@ -156,10 +173,12 @@ class Completer:
                                 ttl=q.lease_ttl)
         took: set[tuple[int, int]] = set()
         for a, params in calls:
-            done, leased = (await conn.execute(stmt, params)).one()
+            done, leased, rest = (await conn.execute(stmt, params)).one()
             took.update((j, a) for j in done or ())
             if ask is not None and params["n"] and done is not None:
                 ask.rows = leased
+            if rest is not None:
+                q._release_rest()
         return took
 
     def settle_routine(self) -> tuple[str, list[str]] | None:
@@ -174,6 +193,7 @@ class Completer:
             lambda ids: self._drop_kids_stmt(ids, wake=False),
             lambda g, n, of_types, owner, ttl: pick_and_lease_stmt(
                 q, g, n, of_types, lease_values(q, ttl=ttl, owner=owner)),
+            self._drop_one_stmt, q._split, PART,
         )
 
     async def finish_detailed(
@@ -402,6 +422,14 @@ class Completer:
                                 J.c.id == c.c.job_id, J.c.state == lit(S.WAITING))
                 .values(**self._unblock(J.c.pending - c.c.n))
                 .returning(*self._unblocked(wake)))
+
+    def _drop_one_stmt(self, ids: IdsMatch) -> Any:
+        """The waiting jobs among ``ids`` each stop waiting on one finished upstream (the
+        split release's: each has one edge to it); RETURNING every row it changed."""
+        J = self.J
+        return (update(J).where(ids(J.c.id), J.c.state == lit(S.WAITING))
+                .values(**self._unblock(J.c.pending - 1))
+                .returning(*self._unblocked(False)))
 
     def _drop_kids_stmt(self, ids: IdsMatch | None = None, wake: bool = True) -> Any:
         """One statement: the waiting children of containers that just became active stop
@@ -675,6 +703,22 @@ class Completer:
         await self.settle(conn, [(job_id, S.CANCELLED)])
         return S.CANCELLED
 
+    async def _unrecord(self, conn: AsyncConnection, ids: Sequence[int]) -> None:
+        """Take revived ``ids`` out of the recorded rest of split releases (see SPLIT): their
+        ``pending`` is counted afresh by retry(), where a done upstream no longer counts, so
+        the release of that rest must not take the edge off again. The parts are locked
+        first (a release of one in flight is waited for; it skips a job not waiting)."""
+        q = self.q
+        R = q._t.releases
+        revived = set(ids)
+        parts = await conn.execute(q._ops.for_update(select(R.c.id, R.c.ids).order_by(R.c.id)))
+        for part in parts.all():
+            if revived.isdisjoint(part.ids):
+                continue
+            keep = [i for i in part.ids if i not in revived]
+            await conn.execute(update(R).where(R.c.id == part.id).values(ids=keep) if keep
+                               else delete(R).where(R.c.id == part.id))
+
     async def retry(self, conn: AsyncConnection, job_id: int) -> list[int]:
         """Make a failed/cancelled job runnable again, with the jobs its end cancelled and the
         containers it made fail. Returns every id that was revived."""
@@ -721,6 +765,7 @@ class Completer:
             frontier = nxt - revive
             revive |= frontier
         ids = sorted(revive)
+        await self._unrecord(conn, ids)
         # recompute pending from scratch for each revived job
         for i in range(0, len(ids), CHUNK):
             part = ids[i : i + CHUNK]

@@ -216,7 +216,7 @@ async def _v3_to_v4(q: JobQueue) -> None:
         await conn.execute(update(M).where(M.c.name == "schema_version").values(value="4"))
 
 
-async def settle_routine(q: JobQueue, create: bool) -> tuple[Any, Any] | None:
+async def settle_routine(q: JobQueue, create: bool) -> tuple[Any, Any, Any] | None:
     """The calls of the dialect's one-call finalize routines (see
     Completer.finish_in_one_call), creating them if they are missing and ``create``; None
     where the dialect has none, or they are missing and may not be created (the long path

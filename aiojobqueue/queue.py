@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, c
 
 from . import schema as S
 from .batch import BULK_ROWS, MAX_ID, Batch, JobRef, _Spec, insert_alone, insert_specs
-from .completer import Completer
+from .completer import SPLIT, Completer
 from .dialects.base import DialectOps, dialect_for, engine_kwargs_for
 from .errors import (
     ConfigurationError,
@@ -116,6 +116,11 @@ class JobQueue:
         #: the calls of the one-call finalize and release routines, where installed
         self._settle_call: Any | None = None
         self._release_call: Any | None = None
+        self._rest_call: Any | None = None
+        #: see completer.SPLIT (tests lower it to split small fan-outs)
+        self._split = SPLIT
+        #: the calls releasing the rest of split releases, in flight (held: tasks are weak)
+        self._resting: set[asyncio.Task[Any]] = set()
         # Tests force the no-RETURNING insert path (MySQL 8) on MariaDB with this.
         self._force_insert_fallback = False
         self._local_done = asyncio.Event()
@@ -207,13 +212,15 @@ class JobQueue:
 
             await (upgrade(self) if migrate else check(self))
             calls = await settle_routine(self, create=migrate)
-            self._settle_call, self._release_call = calls or (None, None)
+            self._settle_call, self._release_call, self._rest_call = calls or (None,) * 3
         except BaseException:
             await self.close()
             raise
 
     async def close(self) -> None:
         """Dispose of the engine aiojobqueue created (a passed-in engine is left alone)."""
+        if self._resting:  # split releases in flight land first
+            await asyncio.gather(*self._resting, return_exceptions=True)
         engine, self._engine = self._engine, None
         if engine is not None:
             await self._ops.release()
@@ -225,6 +232,36 @@ class JobQueue:
         if self._engine is None:
             raise ConfigurationError("the queue is not started: use `async with queue:` first")
         return self._engine
+
+    # -- split releases -------------------------------------------------------------------
+    def _release_rest(self) -> None:
+        """A finalize just split the release of a wide fan-out (see completer.SPLIT): release
+        the rest at once, on a connection of its own, while the first of its jobs run. Not
+        awaited: if it fails, the row it would have taken is left to a sweep
+        (Worker._reclaim_loop), as if this process had died."""
+        task = asyncio.get_running_loop().create_task(self._rest_releases())
+        self._resting.add(task)
+        task.add_done_callback(self._resting.discard)
+
+    async def _rest_releases(self, n: int = 64) -> int:
+        """Release up to ``n`` recorded parts of split releases (any worker's: parts taken by
+        a call in flight are skipped), one transaction each, in order, waking the local
+        worker as each lands. Returns how many were released."""
+        stmt = self._rest_call
+        done = 0
+        while stmt is not None and done < n:
+            try:
+                took = await self._autocommit(lambda conn: conn.scalar(stmt, {"n": 1}))
+            except Exception as exc:  # the part stays; a sweep takes it
+                log.warning("releasing the rest of a wide fan-out failed (%s); a sweep "
+                            "will", exc)
+                break
+            if not took:
+                break
+            done += 1
+            if self._worker is not None:
+                self._worker.wake.set()
+        return done
 
     # -- transactions ---------------------------------------------------------------------
     async def _write(self, fn: Callable[[AsyncConnection], Awaitable[T]], retries: int = 8) -> T:

@@ -39,7 +39,7 @@ from sqlalchemy.dialects import postgresql
 
 from .timeutil import UTCDateTime
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 #: What a container not yet active adds to its children's ``pending`` (v3; was 1): larger
 #: than any count of dependencies, so activation tells the credited children apart.
 CREDIT = 1 << 30
@@ -67,6 +67,7 @@ class Tables:
     groups: Table
     workers: Table
     rate: Table
+    releases: Table
 
 
 def _partial(state: str) -> dict[str, Any]:
@@ -199,6 +200,18 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("at", UTCDateTime, nullable=False),
         Index(f"{p}ix_rate", "name", "at"),
     )
+    # v5: the dependents of a finished job whose release was split off its finalize (the
+    # PostgreSQL routine releases the first of a large fan-out in the finalizing call and the
+    # rest in a call of its own right after; see PostgresOps.settle_routine). A row lives
+    # for milliseconds; one left by a worker that died is finished by any other.
+    releases = Table(
+        f"{p}releases",
+        md,
+        Column("id", _Id, primary_key=True, autoincrement=True),
+        Column("job_id", _Id, nullable=False),  # the finished job
+        Column("ids", _Json, nullable=False),  # a part of its dependents still to release
+        Column("created_at", UTCDateTime, nullable=False),
+    )
     # The one-call finalize routine (PostgreSQL, see migrate.settle_routine) goes with the
     # table it writes: whatever its digest, drop_all() leaves none behind.
     routines = f"{jobs.name}_settle_"
@@ -209,7 +222,7 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
   LOOP EXECUTE 'DROP FUNCTION ' || f; END LOOP;
 END $ajq$""")  # type: ignore[no-untyped-call]
     event.listen(jobs, "before_drop", drop.execute_if(dialect="postgresql"))
-    return Tables(md, jobs, deps, meta, groups, workers, rate)
+    return Tables(md, jobs, deps, meta, groups, workers, rate, releases)
 
 
 _default = build_tables()

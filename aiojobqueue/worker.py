@@ -750,6 +750,9 @@ class Worker:
             # SQLite a write transaction holds the file's write lock (a handler that froze
             # this process's event loop meanwhile would keep every other worker out).
             events = await q._write(sweep) if await q._read(any_expired) else []
+            # the rest of split releases that their worker left (it died, or its call failed)
+            if q._rest_call is not None and await q._read(self._splits_left):
+                await q._rest_releases()
             if events:
                 log.warning("reclaimed %d job(s) with expired leases", len(events),
                             extra={"worker": q.worker_id})
@@ -833,8 +836,19 @@ class Worker:
         if orphans:
             await self._release_orphans(orphans)
 
+    async def _splits_left(self, conn: Any) -> bool:
+        """Whether a split release has parts still to release (completer.SPLIT)."""
+        R = self.q._t.releases
+        return (await conn.execute(select(R.c.id).limit(1))).first() is not None
+
     async def _idle(self, types: list[str]) -> bool:
         J = self.q._t.jobs
+        q = self.q
+        # Jobs recorded by a split release are runnable once it is finished: not idle while
+        # one is left (a call releasing it in flight, or one whose worker died: done here).
+        if q._rest_call is not None and await q._read(self._splits_left):
+            await q._rest_releases()
+            return False
 
         async def check(conn: Any) -> int:
             n = (await conn.execute(

@@ -14,6 +14,11 @@ Handlers (args in brackets):
   die_after_end            returns, but the process is SIGKILLed before it can finalize
                            (attempt 1 only)
   chaos [ms]               sleep ms milliseconds; returns its dependencies' (job, attempt)
+
+``--split N`` lowers the least part of a wide fan-out released by its finalize (PostgreSQL's
+split release, see completer.SPLIT), and each split is logged as a ``split`` event;
+``--stall-rest`` leaves the rest of each split unreleased by this process (as if it died
+right after the finalize), for another worker's sweep to finish.
 """
 
 from __future__ import annotations
@@ -113,6 +118,17 @@ def build(args: argparse.Namespace) -> JobQueue:
 
     worker_mod.asked_claims = asked
 
+    if args.split:
+        q._split = args.split
+    real_rest = q._release_rest
+
+    def rest() -> None:
+        event("split")
+        if not args.stall_rest:
+            real_rest()
+
+    q._release_rest = rest  # type: ignore[method-assign]
+
     # "retry" and "failed" both end an attempt in failure (attempts left, or not)
     for name, ev in (("done", "fin"), ("discarded", "discarded"), ("released", "released"),
                      ("retry", "failed"), ("failed", "failed"), ("cancelled", "cancel_fin")):
@@ -131,6 +147,8 @@ async def main() -> None:
     ap.add_argument("--poll", type=float, default=0.05)
     ap.add_argument("--shutdown-timeout", type=float, default=2.0)
     ap.add_argument("--capacity", type=int, default=4)
+    ap.add_argument("--split", type=int, default=0)
+    ap.add_argument("--stall-rest", type=int, default=0)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s [{os.getpid()}] %(name)s %(levelname)s %(message)s")

@@ -79,6 +79,39 @@ async def test_chaos_sigkill_workers_over_chains_leased_by_their_finalize(
         assert rode == 0
 
 
+def fan_outs(rnd: random.Random, layers: int = 8, width: int = 60) -> Shape:
+    """``layers`` of a head, ``width`` jobs on it and a tail on those (the next head on the
+    tail): wide enough that each head's release is split (workers run with ``--split 8``:
+    more than max(4 x capacity, 8) = 16 dependents) and its rest released apart."""
+    out: Shape = []
+    for _ in range(layers):
+        head = len(out)
+        out.append((rnd.randint(10, 30), [head - 1] if head else []))
+        out += [(rnd.randint(10, 50), [head]) for _ in range(width)]
+        out.append((rnd.randint(10, 30), list(range(head + 1, head + 1 + width))))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+async def test_chaos_sigkill_workers_over_wide_fan_outs_released_in_parts(
+    make_queue: Callable[..., JobQueue], fleet_factory: Callable[..., Fleet],  # noqa: F811
+    db: str,
+) -> None:
+    """The same guarantees where each fan-out's release is split (PostgreSQL): its first
+    jobs released by the head's finalize, the rest recorded and released by a call of its
+    own, or by another worker's sweep where its worker was killed in between. On
+    PostgreSQL the workers report the splits (``split`` events: one per head, less any
+    whose worker was killed between its finalize and the report)."""
+    rnd = random.Random(20261201)
+    events = await chaos(make_queue, fleet_factory, db, rnd, fan_outs(rnd), poll=0.05, split=8)
+    splits = sum(1 for e in events if e["ev"] == "split")
+    if db == "postgresql":
+        assert 5 <= splits <= 8, splits
+    else:
+        assert splits == 0, splits
+
+
 def running_pids(fleet: Fleet) -> set[int]:
     """The workers with an attempt started and not ended, per the event log."""
     running: dict[tuple[int, int], int] = {}
@@ -92,11 +125,12 @@ def running_pids(fleet: Fleet) -> set[int]:
 
 async def chaos(
     make_queue: Callable[..., JobQueue], fleet_factory: Callable[..., Fleet],  # noqa: F811
-    db: str, rnd: random.Random, shape: Shape, poll: float,
+    db: str, rnd: random.Random, shape: Shape, poll: float, **worker: Any,
 ) -> list[dict[str, Any]]:
-    """Run ``shape`` on WORKERS worker processes, SIGKILLing one every 1-2.5 s (and starting
-    another; the moments and victims drawn from ``rnd``), then check the guarantees above
-    from the database and the event log. Returns the events."""
+    """Run ``shape`` on WORKERS worker processes (``worker``: more options of theirs),
+    SIGKILLing one every 1-2.5 s (and starting another; the moments and victims drawn from
+    ``rnd``), then check the guarantees above from the database and the event log. Returns
+    the events."""
     n_jobs = len(shape)
     async with make_queue() as q:
         refs: list[Any] = []
@@ -107,7 +141,8 @@ async def chaos(
         ids = [r.id for r in refs]
         deps = {ids[i]: [ids[j] for j in ups] for i, (_, ups) in enumerate(shape)}
 
-        fleet = fleet_factory(ttl=TTL, hb=0.5, capacity=4, shutdown_timeout=1.0, poll=poll)
+        fleet = fleet_factory(ttl=TTL, hb=0.5, capacity=4, shutdown_timeout=1.0, poll=poll,
+                              **worker)
         for _ in range(WORKERS):
             fleet.spawn()
         t0 = time.monotonic()

@@ -6,10 +6,10 @@ import asyncio
 from collections.abc import Callable
 
 import pytest
-from sqlalchemy import Index, Table, UniqueConstraint, insert, select, text, update
+from sqlalchemy import Index, Table, UniqueConstraint, func, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
-from aiojobqueue import JobQueue
+from aiojobqueue import JobContext, JobQueue
 from aiojobqueue.schema import CREDIT, SCHEMA_VERSION, build_tables
 
 
@@ -215,3 +215,46 @@ async def test_v3_live_key_constraint_upgrades_to_the_index(
     again = await q2.enqueue("t", {}, key="k")
     assert again not in (keyed, *plain)
     assert await queues[1].enqueue("t", {}, key="k") == again
+
+
+async def test_v4_schema_gains_the_releases_table(make_queue: Callable[..., JobQueue]) -> None:
+    """v5 adds the releases table (the recorded rest of split releases): a v4 database gets
+    it from the upgrade, keeps its jobs, and a DAG then runs through it (on PostgreSQL with
+    its fan-out split, so the new table is written and emptied)."""
+    q = make_queue()
+    async with q:
+        R, M = q._t.releases, q._t.meta
+        async with q.batch() as b:
+            head = b.add("t", {})
+            outs = [b.add("t", {}, depends_on=[head]) for _ in range(12)]
+        async with q.engine.begin() as conn:
+            await conn.run_sync(R.drop)
+            await conn.execute(update(M).where(M.c.name == "schema_version").values(value="4"))
+
+    q2 = make_queue(capacity=1)  # the head's call leases at most 1: 4 released, 8 recorded
+    q2._split = 2
+    ran: list[int] = []
+    parts: list[int] = []
+    real = q2._rest_releases
+
+    async def spy(n: int = 64) -> int:
+        parts.append(await real(n))
+        return parts[-1]
+
+    q2._rest_releases = spy  # type: ignore[method-assign]
+
+    @q2.handler("t")
+    async def t(ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    async with q2:
+        async with q2.engine.connect() as conn:
+            v = (await conn.execute(select(M.c.value).where(M.c.name == "schema_version"))
+                 ).scalar_one()
+            assert v == str(SCHEMA_VERSION) == "5"
+            assert await conn.scalar(select(func.count()).select_from(R)) == 0
+        await q2.run_until_idle()
+        assert ran[0] == head.id and sorted(ran[1:]) == sorted(o.id for o in outs)
+        async with q2.engine.connect() as conn:
+            assert await conn.scalar(select(func.count()).select_from(R)) == 0
+            assert (sum(parts) >= 1) == (conn.dialect.name == "postgresql"), parts

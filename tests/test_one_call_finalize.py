@@ -231,7 +231,7 @@ async def test_without_the_routine_the_long_path_finalizes(
                 {"p": f"{prefix}jobs_settle_%"})
     try:
         async with engine.begin() as conn:
-            assert (await conn.execute(*routines)).scalar() == 2  # finalize, release
+            assert (await conn.execute(*routines)).scalar() == 3  # finalize, release, rest
             await conn.exec_driver_sql(
                 "DO $$ DECLARE f regprocedure; BEGIN FOR f IN SELECT oid::regprocedure FROM "
                 f"pg_proc WHERE proname LIKE '{prefix}jobs_settle_%' LOOP "
@@ -245,7 +245,7 @@ async def test_without_the_routine_the_long_path_finalizes(
             order.append(name)
 
         await q.start(migrate=False)
-        assert q._settle_call is None and q._release_call is None
+        assert q._settle_call is None and q._release_call is None and q._rest_call is None
         assert "is missing (run `aiojobqueue migrate`)" in caplog.text
         async with q.batch() as b:
             ups = [b.add("step", {"name": "up"}) for _ in range(3)]
@@ -257,8 +257,9 @@ async def test_without_the_routine_the_long_path_finalizes(
         await q.close()
         async with make_queue() as again:
             assert again._settle_call is not None and again._release_call is not None
+            assert again._rest_call is not None
         async with engine.begin() as conn:
-            assert (await conn.execute(*routines)).scalar() == 2
+            assert (await conn.execute(*routines)).scalar() == 3
             await conn.run_sync(build_tables(prefix).metadata.drop_all)
             assert (await conn.execute(*routines)).scalar() == 0
     finally:

@@ -160,20 +160,25 @@ class DialectOps(ABC):
     def settle_routine(
         self, finish: Callable[[Any, Any, Any, Any], Any], release: Callable[[Any], Any],
         activate: Callable[[Any], Any], lease: Callable[[Any, Any, Any, Any, Any], Any],
+        release_one: Callable[[Any], Any] | None = None, split: int = 0, part: int = 256,
     ) -> tuple[str, list[str]] | None:
         """(name, DDL statements) of the server-side routines that finalize successes and
         release their dependents in one call (see Completer.finish_in_one_call), or None
         where the dialect has none. ``finish(ids, attempt, owner, result)``, ``release(ids)``,
-        ``activate(container ids)`` and ``lease(group, n, type match, owner, ttl)`` build
-        the statements they run, given the expressions of their own variables."""
+        ``activate(container ids)``, ``lease(group, n, type match, owner, ttl)`` and
+        ``release_one(ids)`` build the statements they run, given the expressions of their
+        own variables; ``split``: the least part of a wide fan-out released in line (0: all
+        of it), ``part``: the most jobs of its rest released in one transaction."""
         return None
 
-    def settle_calls(self, name: str) -> tuple[Any, Any]:
+    def settle_calls(self, name: str) -> tuple[Any, Any, Any]:
         """The statements calling the routines of settle_routine() ``name``: the one-call
         finalize (``ids``, ``a``, ``o``, ``r`` (results as JSON text, or None), and the
         claim riding along: ``g``, ``types``, ``n`` (0: none), ``lo``, ``ttl`` -> one row:
-        the ids it finished (NULL: declined) and the rows it leased (JSON)) and the release
-        of dependents (``ids`` -> id, kind, state, parent_id of the rows it changed)."""
+        the ids it finished (NULL: declined), the rows it leased (JSON) and the finished
+        job whose release it split, if any), the release of dependents (``ids`` -> id,
+        kind, state, parent_id of the rows it changed) and the rest of split releases
+        (``n``: at most that many -> how many it did)."""
         raise NotImplementedError
 
     async def routine_exists(self, conn: AsyncConnection, name: str) -> bool:

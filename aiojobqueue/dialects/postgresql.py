@@ -78,6 +78,7 @@ class PostgresOps(DialectOps):
     def settle_routine(
         self, finish: Callable[[Any, Any, Any, Any], Any], release: Callable[[Any], Any],
         activate: Callable[[Any], Any], lease: Callable[[Any, Any, Any, Any, Any], Any],
+        release_one: Callable[[Any], Any] | None = None, split: int = 0, part: int = 256,
     ) -> tuple[str, list[str]]:
         """Two PL/pgSQL functions. ``<name>_rel(ids)`` releases the dependents of the
         finished ``ids`` (the statement of Completer._drop_deps_stmt; finish_detailed() calls
@@ -104,7 +105,19 @@ class PostgresOps(DialectOps):
         ``p_ttl`` seconds by the statement claim() runs for its known group (a fresh
         snapshot: the jobs this call released are among them) and returns them as a JSON
         array of claim_columns() rows: the next step of a DAG leased in the call that made it
-        runnable, one round trip less."""
+        runnable, one round trip less.
+
+        A split release (``split`` > 0): where the call finished one job on which more than
+        ``max(4 * p_n, split)`` jobs wait (none of them a container), it releases only that
+        many, the first in claim order (priority, then id), and records the others in the
+        releases table in parts of at most ``part`` jobs, in the same transaction, returning
+        the finished job's id as ``o_rest``. The caller then calls ``<name>_rest(1)`` on
+        another connection until it returns 0: each call takes the first part (SKIP
+        LOCKED), releases its jobs and deletes it, one transaction. So the release of a wide
+        fan-out no longer holds up the first of its jobs, and the rest of its writing runs
+        beside them. A part left by a worker that died is taken by any worker's next sweep.
+        ``release_one(ids)`` builds the statement that takes the one edge to the finished
+        job off each of those jobs ((job, upstream) is the edges' key)."""
         from sqlalchemy.dialects.postgresql.asyncpg import PGDialect_asyncpg
 
         dialect = PGDialect_asyncpg()  # type: ignore[no-untyped-call]
@@ -144,17 +157,75 @@ END"""
                        lambda col: col == any_(literal_column("p_types")),
                        literal_column("p_lo"), literal_column("p_ttl"))
         row = ", ".join(f"l.{c.name}" for c in leased.exported_columns)
+        rels = self.t.releases.name
+        deps = self.t.deps.name
+        split_sql = rest_body = ""
+        if split and release_one is not None:
+            one = sql(release_one(ids("v_deps")))
+            # the aggregation of a release's rows, as the loop below does it
+            agg = f"""SELECT coalesce(array_agg(DISTINCT r.parent_id)
+                   FILTER (WHERE r.kind <> '{CONTAINER}' AND r.parent_id IS NOT NULL), '{{}}'),
+             coalesce(bool_or(r.kind <> '{CONTAINER}' AND r.state = '{READY}'), false)"""
+            split_sql = f"""
+  -- a wide fan-out: release its first jobs here, record the rest in parts (see above)
+  IF cardinality(v_rel) = 1 THEN
+    v_split := greatest(4 * p_n, {int(split)});
+    IF (SELECT count(*) FROM (SELECT 1 FROM {deps} d WHERE d.depends_on_id = v_rel[1]
+                              LIMIT v_split + 1) s) > v_split THEN
+      SELECT array_agg(j.id ORDER BY j.priority DESC, j.id)
+               FILTER (WHERE j.kind <> '{CONTAINER}' AND j.state = '{WAITING}'),
+             coalesce(bool_or(j.kind = '{CONTAINER}'), false)
+        INTO v_deps, v_boxes
+        FROM {jobs} j
+       WHERE j.id = ANY(ARRAY(SELECT d.job_id FROM {deps} d WHERE d.depends_on_id = v_rel[1]));
+      IF NOT v_boxes AND cardinality(v_deps) > v_split THEN
+        INSERT INTO {rels} (job_id, ids, created_at)
+          SELECT v_rel[1], to_jsonb(v_deps[s + 1 : s + {int(part)}]), statement_timestamp()
+            FROM generate_series(v_split, cardinality(v_deps) - 1, {int(part)}) s ORDER BY s;
+        o_rest := v_rel[1];
+        v_deps := v_deps[1:v_split];
+        WITH r AS ({one})
+        {agg}
+          INTO v_b, v_r FROM r;
+        v_busy := v_busy || v_b;
+        v_ready := v_ready OR v_r;
+        v_rel := '{{}}';
+      END IF;
+    END IF;
+  END IF;"""
+            rest_body = f"""
+DECLARE
+  v_deps bigint[]; v_b bigint[]; v_r boolean; v_ready boolean := false; v_n integer := 0;
+BEGIN
+  FOR v_deps IN
+    DELETE FROM {rels} WHERE id IN (
+      SELECT id FROM {rels} ORDER BY id LIMIT p_n FOR UPDATE SKIP LOCKED)
+    RETURNING ARRAY(SELECT jsonb_array_elements_text(ids)::bigint)
+  LOOP
+    WITH r AS ({one})
+    {agg}
+      INTO v_b, v_r FROM r;
+    v_ready := v_ready OR v_r;
+    v_n := v_n + 1;
+  END LOOP;
+  IF v_ready THEN
+    PERFORM pg_notify('{self.channel()}', '');
+  END IF;
+  RETURN v_n;
+END"""
         body = f"""
 DECLARE
   v_ids bigint[]; v_rel bigint[]; v_parents bigint[]; v_next bigint[];
   v_busy bigint[] := '{{}}'; v_act bigint[] := '{{}}'; v_kids bigint[]; v_b bigint[];
   v_ready boolean := false; v_r boolean; v_nested boolean; v_p bigint; v_pp bigint;
+  v_deps bigint[]; v_boxes boolean; v_split integer;
 BEGIN
   WITH u AS ({sql(finish(ids("p_ids"), literal_column("p_a"), literal_column("p_o"), result))})
   SELECT coalesce(array_agg(u.id), '{{}}'),
          coalesce(array_agg(u.id) FILTER (WHERE u.has_dependents), '{{}}'),
          coalesce(array_agg(DISTINCT u.parent_id) FILTER (WHERE u.parent_id IS NOT NULL), '{{}}')
     INTO v_ids, v_rel, v_parents FROM u;
+{split_sql}
   -- settle() in rounds: release what waits on v_rel, activate the containers that releases,
   -- roll up the parents no live child job held here keeps open; the rolled-up containers
   -- are the next round's v_rel, their parents its candidates
@@ -227,9 +298,10 @@ BEGIN
 EXCEPTION WHEN SQLSTATE 'AJQ01' THEN
   o_done := NULL;
   o_leased := NULL;
+  o_rest := NULL;
   RETURN;
 END"""
-        digest = hashlib.sha1((rel_body + body).encode()).hexdigest()[:10]
+        digest = hashlib.sha1((rel_body + body + rest_body).encode()).hexdigest()[:10]
         name = f"{jobs}_settle_{digest}"
         rel = f"{name}_rel"
         return name, [
@@ -238,24 +310,29 @@ END"""
             f"SET enable_nestloop = off AS $ajq${rel_body}\n$ajq$",
             f"CREATE OR REPLACE FUNCTION {name}(p_ids bigint[], p_a integer, p_o text, "
             f"p_results jsonb, p_g text, p_types text[], p_n integer, p_lo text, "
-            f"p_ttl double precision, OUT o_done bigint[], OUT o_leased jsonb) "
+            f"p_ttl double precision, OUT o_done bigint[], OUT o_leased jsonb, "
+            f"OUT o_rest bigint) "
             f"LANGUAGE plpgsql VOLATILE SET enable_nestloop = off "
             f"AS $ajq${body}\n$ajq$",
+            f"CREATE OR REPLACE FUNCTION {name}_rest(p_n integer) RETURNS integer "
+            f"LANGUAGE plpgsql VOLATILE AS $ajq${rest_body or ' BEGIN RETURN 0; END'}\n$ajq$",
         ]
 
-    def settle_calls(self, name: str) -> tuple[Any, Any]:
+    def settle_calls(self, name: str) -> tuple[Any, Any, Any]:
         ids = bindparam("ids", type_=ARRAY(BigInteger))
         call = Function(name, ids, bindparam("a", type_=Integer()), bindparam("o", type_=Text()),
                         self.json_param("r"), bindparam("g", type_=Text()),
                         bindparam("types", type_=ARRAY(Text)), bindparam("n", type_=Integer()),
                         bindparam("lo", type_=Text()), bindparam("ttl", type_=Float())
                         ).table_valued(column("o_done", ARRAY(BigInteger)),
-                                       column("o_leased", JSONB))
-        finish = select(call.c.o_done, call.c.o_leased)
+                                       column("o_leased", JSONB), column("o_rest", BigInteger))
+        finish = select(call.c.o_done, call.c.o_leased, call.c.o_rest)
         rel = Function(f"{name}_rel", ids).table_valued(
             column("id", BigInteger), column("kind", Text), column("state", Text),
             column("parent_id", BigInteger))
-        return finish, select(rel.c.id, rel.c.kind, rel.c.state, rel.c.parent_id)
+        rest = select(Function(f"{name}_rest", bindparam("n", type_=Integer()),
+                               type_=Integer()))
+        return finish, select(rel.c.id, rel.c.kind, rel.c.state, rel.c.parent_id), rest
 
     async def routine_exists(self, conn: AsyncConnection, name: str) -> bool:
         found = await conn.execute(select(func.to_regproc(literal(name, Text())).is_not(None)))
