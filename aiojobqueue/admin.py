@@ -73,6 +73,9 @@ class Status:
     #: Registered workers not seen for longer (stopped or dead; ``prune`` removes old ones).
     stale_workers: int
     recent: float
+    #: Recorded parts of split releases not yet released (PostgreSQL; each lives for
+    #: milliseconds unless every worker that could release it is gone).
+    releasing: int = 0
 
     @property
     def oldest_ready_age(self) -> float | None:
@@ -107,6 +110,8 @@ async def status(q: JobQueue, recent: float = 60.0) -> Status:
             .group_by(J.c.group_key)
         )).all())
         wrows = (await conn.execute(select(W).order_by(W.c.started_at, W.c.id))).all()
+        releasing = int(await conn.scalar(
+            select(func.count()).select_from(q._t.releases)) or 0)
         groups: dict[str, GroupStatus] = {}
         totals: dict[str, int] = defaultdict(int)
         boxes: dict[str, int] = defaultdict(int)
@@ -129,7 +134,7 @@ async def status(q: JobQueue, recent: float = 60.0) -> Status:
             else:
                 stale += 1
         return Status(t, dict(totals), dict(boxes), sorted(groups.values(), key=lambda g: g.group),
-                      workers, stale, recent)
+                      workers, stale, recent, releasing)
 
     return await q._read(read)
 

@@ -439,6 +439,9 @@ def status(
     out.print(t)
     if st.containers:
         out.print("containers: " + ", ".join(f"{n} {s}" for s, n in sorted(st.containers.items())))
+    if st.releasing:
+        out.print(f"{st.releasing} part(s) of split releases pending: waiting jobs whose "
+                  "upstream is done, released by any worker (a worker's sweep if theirs died)")
     w = Table(title=f"workers seen in the last {st.recent:g}s", header_style="bold",
               title_justify="left", box=box.SIMPLE_HEAD)
     for c in ("worker", "host", "pid", "running", "last seen", "up since"):

@@ -10,8 +10,9 @@ Job states (see the README for the diagram):
 ``pending`` counts what still blocks a job: its unfinished dependencies, plus ``CREDIT`` while
 its container is not yet active, except for a job that waits on a sibling holding that
 credit (it cannot run before the container is active anyway; activation then rewrites only
-the credited children). It is maintained when an upstream finishes, so the claim only ever
-looks at ``ready`` rows and never walks waiting or finished ones.
+the credited children). It is maintained when an upstream finishes (for most of a wide
+fan-out, right after: see the ``releases`` table, v5), so the claim only ever looks at
+``ready`` rows and never walks waiting or finished ones.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from crashkit import Fleet, fleet_factory  # noqa: F401 - fixture
 from sqlalchemy import func, select
 
 import aiojobqueue.claim as claim_mod
-from aiojobqueue import JobContext, JobQueue, JobState
+from aiojobqueue import JobContext, JobQueue, JobState, admin
 
 PG_ONLY = pytest.mark.parametrize("db", ["postgresql"], indirect=True)
 WIDE = 40
@@ -133,8 +133,10 @@ async def test_the_finalize_releases_the_first_part_and_records_the_rest(
             assert row.job_id == head.id
             assert sorted(row.ids) == sorted(i for i, s in states.items()
                                              if s == JobState.WAITING)
+            assert (await admin.status(q)).releasing == 1  # `aiojobqueue status` shows it
             assert await q._rest_releases() == 1
             assert await releases_left(q) == 0
+            assert (await admin.status(q)).releasing == 0
             for ref in outs:
                 assert (await q.get(ref.id)).state != JobState.WAITING
         finally:
