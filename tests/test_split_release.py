@@ -12,7 +12,6 @@ The tests lower the split (``q._split``) so that small fan-outs are split."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +19,7 @@ import pytest
 from conftest import eventually
 from crashkit import Fleet, fleet_factory  # noqa: F401 - fixture
 from sqlalchemy import func, select
+from test_one_call_finalize import serving
 
 import aiojobqueue.claim as claim_mod
 from aiojobqueue import JobContext, JobQueue, JobState, admin
@@ -67,14 +67,9 @@ def fan(b: Any, kind: str = "t", n: int = WIDE) -> tuple[Any, list[Any], Any]:
     return head, outs, tail
 
 
-async def test_a_wide_fan_out_runs_once_each_in_order(
-    make_queue: Callable[..., JobQueue], db: str, steady: None,
-) -> None:
-    """head -> 40 jobs -> tail at capacity 2: the head's finalize releases 8 (or 4, see
-    below) on PostgreSQL, the others follow in a call of their own; on SQLite and MariaDB
-    all 40 are released by the finalize. Either way each runs once, after the head and
-    before the tail, and nothing is left in the releases table."""
-    q, rests = split_queue(make_queue, capacity=2, poll_interval=60.0)
+async def drain_fan(q: JobQueue) -> None:
+    """Run fan()'s head -> WIDE jobs -> tail on ``q`` until idle: each job done, once, after
+    the head and before the tail; nothing left in the releases table."""
     order: list[str] = []
 
     @q.handler("t")
@@ -91,6 +86,17 @@ async def test_a_wide_fan_out_runs_once_each_in_order(
         assert await releases_left(q) == 0
     assert order[0] == "head" and order[-1] == "tail", order
     assert sorted(order[1:-1]) == sorted(f"out{i}" for i in range(WIDE))
+
+
+async def test_a_wide_fan_out_runs_once_each_in_order(
+    make_queue: Callable[..., JobQueue], db: str, steady: None,
+) -> None:
+    """head -> 40 jobs -> tail at capacity 2: the head's finalize releases 8 (or 4, see
+    below) on PostgreSQL, the others follow in a call of their own; on SQLite and MariaDB
+    all 40 are released by the finalize. Either way each runs once, after the head and
+    before the tail, and nothing is left in the releases table."""
+    q, rests = split_queue(make_queue, capacity=2, poll_interval=60.0)
+    await drain_fan(q)
     if db == "postgresql":
         assert sum(rests) >= 1, rests  # the fan-out was split, its rest released apart
     else:
@@ -120,8 +126,7 @@ async def test_the_finalize_releases_the_first_part_and_records_the_rest(
     async with q:
         async with q.batch() as b:
             head, outs, _tail = fan(b)
-        task = asyncio.create_task(q.serve())
-        try:
+        async with serving(q):
             await eventually(lambda: releases_left(q))
             states = {ref.id: (await q.get(ref.id)).state for ref in outs}
             released = [i for i, s in states.items() if s != JobState.WAITING]
@@ -139,10 +144,6 @@ async def test_the_finalize_releases_the_first_part_and_records_the_rest(
             assert (await admin.status(q)).releasing == 0
             for ref in outs:
                 assert (await q.get(ref.id)).state != JobState.WAITING
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
     assert ran.is_set()
 
 
@@ -155,20 +156,7 @@ async def test_run_until_idle_finishes_a_split_it_was_left(
     the rest itself; everything runs."""
     q, rests = split_queue(make_queue, capacity=2, poll_interval=60.0)
     q._release_rest = lambda: None  # type: ignore[method-assign]
-    seen: list[str] = []
-
-    @q.handler("t")
-    async def t(ctx: JobContext, name: str) -> None:
-        seen.append(name)
-
-    async with q:
-        async with q.batch() as b:
-            head, outs, tail = fan(b)
-        await q.run_until_idle()
-        for ref in (head, *outs, tail):
-            assert (await q.get(ref.id)).state == JobState.DONE
-        assert await releases_left(q) == 0
-    assert len(seen) == WIDE + 2 and seen[-1] == "tail"
+    await drain_fan(q)
     assert sum(rests) >= 1, rests
 
 
@@ -194,8 +182,7 @@ async def test_retry_while_a_split_is_pending_does_not_take_an_edge_off_twice(
             head = b.add("t", {"name": "head"})
             outs = [b.add("t", {"name": f"out{i}"}, depends_on=[head]) for i in range(WIDE)]
             late = b.add("t", {"name": "late"}, depends_on=[head, gate])
-        task = asyncio.create_task(q.serve())
-        try:
+        async with serving(q):
             await eventually(lambda: releases_left(q))
             assert (await q.get(late.id)).state == JobState.WAITING
             await q.cancel(late.id)
@@ -206,10 +193,6 @@ async def test_retry_while_a_split_is_pending_does_not_take_an_edge_off_twice(
             assert job.state == JobState.WAITING, job.state  # still on gate
             for ref in outs:
                 assert (await q.get(ref.id)).state != JobState.WAITING
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
 
 @PG_ONLY
