@@ -219,8 +219,12 @@ class JobQueue:
 
     async def close(self) -> None:
         """Dispose of the engine aiojobqueue created (a passed-in engine is left alone)."""
-        if self._resting:  # split releases in flight land first
-            await asyncio.gather(*self._resting, return_exceptions=True)
+        if self._resting:  # split releases in flight land first (a part left: a sweep's)
+            _, late = await asyncio.wait(list(self._resting), timeout=5.0)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late, timeout=1.0)
         engine, self._engine = self._engine, None
         if engine is not None:
             await self._ops.release()
