@@ -36,9 +36,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("aiojobqueue.completer")
 CHUNK = 1000
-#: A DAG step's finalize releases at least this many of a wide fan-out in its own call (more
-#: where it leases more: 4x), the rest right after in a call of their own (PostgreSQL; see
-#: PostgresOps.settle_routine). Jobs with fewer dependents release them all at once.
+#: The finalize call of a job that many jobs wait on releases this many of them (4x what it
+#: leases along, where that is more), the rest right after in calls of their own
+#: (PostgreSQL; see PostgresOps.settle_routine). Fewer dependents are released at once.
 SPLIT = 128
 #: The rest of a split release is recorded (and released) in parts of at most this many jobs,
 #: each its own transaction, so the first part is runnable before the last is written.

@@ -80,7 +80,7 @@ class PostgresOps(DialectOps):
         activate: Callable[[Any], Any], lease: Callable[[Any, Any, Any, Any, Any], Any],
         release_one: Callable[[Any], Any] | None = None, split: int = 0, part: int = 256,
     ) -> tuple[str, list[str]]:
-        """Two PL/pgSQL functions. ``<name>_rel(ids)`` releases the dependents of the
+        """Three PL/pgSQL functions. ``<name>_rel(ids)`` releases the dependents of the
         finished ``ids`` (the statement of Completer._drop_deps_stmt; finish_detailed() calls
         it too) and sends the wake-up if one became ready. It runs with nested loops off: on
         a table the planner has no statistics for yet it takes the finished jobs' dependents
@@ -162,7 +162,7 @@ END"""
         split_sql = rest_body = ""
         if split and release_one is not None:
             one = sql(release_one(ids("v_deps")))
-            # the aggregation of a release's rows, as the loop below does it
+            # what the loop below reads of a release's rows (no container is released here)
             agg = f"""SELECT coalesce(array_agg(DISTINCT r.parent_id)
                    FILTER (WHERE r.kind <> '{CONTAINER}' AND r.parent_id IS NOT NULL), '{{}}'),
              coalesce(bool_or(r.kind <> '{CONTAINER}' AND r.state = '{READY}'), false)"""
