@@ -301,21 +301,26 @@ EXCEPTION WHEN SQLSTATE 'AJQ01' THEN
   o_rest := NULL;
   RETURN;
 END"""
-        digest = hashlib.sha1((rel_body + body + rest_body).encode()).hexdigest()[:10]
+        # Every statement in them is meant to walk an index (the primary key, the edges',
+        # the ready and parent indexes); on a table whose statistics are stale (just loaded,
+        # not analysed yet) the planner would scan it whole for a release of a few hundred ids
+        # by primary key (5 ms on 20,000 rows against 2 ms).
+        plan = "SET enable_nestloop = off SET enable_seqscan = off"
+        digest = hashlib.sha1((plan + rel_body + body + rest_body).encode()).hexdigest()[:10]
         name = f"{jobs}_settle_{digest}"
         rel = f"{name}_rel"
         return name, [
             f"CREATE OR REPLACE FUNCTION {rel}(p_ids bigint[]) RETURNS TABLE(id bigint, "
             f"kind text, state text, parent_id bigint) LANGUAGE plpgsql VOLATILE "
-            f"SET enable_nestloop = off AS $ajq${rel_body}\n$ajq$",
+            f"{plan} AS $ajq${rel_body}\n$ajq$",
             f"CREATE OR REPLACE FUNCTION {name}(p_ids bigint[], p_a integer, p_o text, "
             f"p_results jsonb, p_g text, p_types text[], p_n integer, p_lo text, "
             f"p_ttl double precision, OUT o_done bigint[], OUT o_leased jsonb, "
             f"OUT o_rest bigint) "
-            f"LANGUAGE plpgsql VOLATILE SET enable_nestloop = off "
-            f"AS $ajq${body}\n$ajq$",
+            f"LANGUAGE plpgsql VOLATILE {plan} AS $ajq${body}\n$ajq$",
             f"CREATE OR REPLACE FUNCTION {name}_rest(p_n integer) RETURNS integer "
-            f"LANGUAGE plpgsql VOLATILE AS $ajq${rest_body or ' BEGIN RETURN 0; END'}\n$ajq$",
+            f"LANGUAGE plpgsql VOLATILE {plan} "
+            f"AS $ajq${rest_body or ' BEGIN RETURN 0; END'}\n$ajq$",
         ]
 
     def settle_calls(self, name: str) -> tuple[Any, Any, Any]:
