@@ -12,6 +12,8 @@ ratios (new / old) and how many pairs the new code won. Measurements (``--what``
   ``--conc`` (jobs/s; higher is better). The flat drain is left out: a change to the DAG's
   path does not touch it, and this machine's speed drifts too much between minutes for a
   DAG/flat ratio to show a few per cent; pairs of the same workload do.
+* ``flat``: the same 20,000 jobs without edges or containers (bench/run.py's flat drain), to
+  see what a change to the worker does to the flat rate.
 * ``fanout``: one head job and ``--wide`` jobs depending on it, capacity ``--conc``: ms from
   the head's end to the first dependent's start (lower is better).
 """
@@ -31,12 +33,12 @@ ROOT = os.path.dirname(HERE)
 DB = "bench_ajq_ab"
 
 
-async def drain(conc: int) -> float:
+async def drain(conc: int, dag: bool = True) -> float:
     import run as R
 
-    dsn, n = await R.loaded(DB, 20000, dag=True)
+    dsn, n = await R.loaded(DB, 20000, dag=dag)
     span, v = await R.drain_aiojobqueue(dsn, conc)
-    for k in ("completed", "distinct"):  # the containers are done too, never run
+    for k in ("completed", "distinct") if dag else ():  # the containers: done, never run
         v[k] -= 20
     if R.check(v, n) != "ok":
         raise SystemExit(f"drain failed its check: {v}")
@@ -80,15 +82,15 @@ def one(tree: str, args: argparse.Namespace) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--old", help="the code tree to compare this checkout against")
-    ap.add_argument("--what", choices=("drain", "fanout"), default="drain")
+    ap.add_argument("--what", choices=("drain", "flat", "fanout"), default="drain")
     ap.add_argument("--pairs", type=int, default=10)
     ap.add_argument("--conc", type=int, default=50)
     ap.add_argument("--wide", type=int, default=10000)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        got = asyncio.run(drain(args.conc) if args.what == "drain"
-                          else fanout(args.conc, args.wide))
+        got = asyncio.run(fanout(args.conc, args.wide) if args.what == "fanout"
+                          else drain(args.conc, dag=args.what == "drain"))
         print(f"{got:.3f}")
         return
     if not args.old:
@@ -100,11 +102,13 @@ def main() -> None:
         for tree, into in order if i % 2 == 0 else order[::-1]:
             into.append(one(tree, args))
         print(f"  pair {i + 1}: old {old[-1]:,.1f}  new {new[-1]:,.1f}", flush=True)
-    unit, better = ("jobs/s", max) if args.what == "drain" else ("ms", min)
+    unit, better = ("ms", min) if args.what == "fanout" else ("jobs/s", max)
     ratios = [n / o for o, n in zip(old, new, strict=True)]
     wins = sum(better(o, n) == n and n != o for o, n in zip(old, new, strict=True))
-    what = (f"20-layer DAG drain, C={args.conc}" if args.what == "drain" else
-            f"head end -> first of {args.wide:,} dependents starts, C={args.conc}")
+    what = {"drain": f"20-layer DAG drain, C={args.conc}",
+            "flat": f"flat drain of 20,000, C={args.conc}",
+            "fanout": f"head end -> first of {args.wide:,} dependents starts, C={args.conc}",
+            }[args.what]
     print(f"\n| {what} | old | new | new / old (median of pairs) | new better |")
     print("|---|---|---|---|---|")
     print(f"| median {unit} | {statistics.median(old):,.1f} | {statistics.median(new):,.1f} | "
