@@ -160,7 +160,7 @@ async def drain_pgqueuer(dsn: str, conc: int, defaults: bool) -> float:
     params = {"batch_size": 10, "max_concurrent_tasks": None} if defaults else None
     await P.work(dsn, conc, True, rec, asyncio.Event(), params=params)
     v = await P.verify(dsn, 0)
-    return v["t_last_done"] - rec.first_start
+    return float(v["t_last_done"] - rec.first_start)
 
 
 def check(v: dict[str, Any], n: int) -> str:
