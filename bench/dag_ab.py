@@ -9,9 +9,9 @@ alternate which goes first. Reported: every value, the medians, the median of th
 ratios (new / old) and how many pairs the new code won. Measurements (``--what``):
 
 * ``drain``: bench/run.py's 20-layer DAG of 20,000 no-op jobs drained by one worker at
-  ``--conc`` (jobs/s; higher is better). The flat drain is left out: a change to the DAG's
-  path does not touch it, and this machine's speed drifts too much between minutes for a
-  DAG/flat ratio to show a few per cent; pairs of the same workload do.
+  ``--conc`` (jobs/s; higher is better). No DAG/flat ratio here: this machine's speed
+  drifts too much between minutes for one to show a few per cent; pairs of the same
+  workload do.
 * ``flat``: the same 20,000 jobs without edges or containers (bench/run.py's flat drain), to
   see what a change to the worker does to the flat rate.
 * ``fanout``: one head job and ``--wide`` jobs depending on it, capacity ``--conc``: ms from
