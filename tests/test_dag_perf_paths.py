@@ -201,6 +201,18 @@ async def test_dependents_update_stays_on_the_primary_key(
         assert any(f"{J.name}_pkey" in x for x in plan), plan
 
 
+async def wide_fan_out(q: JobQueue, n: int) -> tuple[Any, str]:
+    """A head job and ``n`` jobs waiting on it, just enqueued (no ANALYZE yet); returns the
+    head and the name of the PostgreSQL finalize routine."""
+    async with q.batch() as b:
+        head = b.add("t", {})
+        for _ in range(n):
+            b.add("t", {}, depends_on=[head])
+    spec = q._completer.settle_routine()
+    assert spec is not None
+    return head, spec[0]
+
+
 @pytest.mark.parametrize("db", ["postgresql"], indirect=True)
 async def test_release_of_a_wide_fan_out_is_not_quadratic_on_a_fresh_table(
     make_queue: Callable[..., JobQueue],
@@ -211,18 +223,13 @@ async def test_release_of_a_wide_fan_out_is_not_quadratic_on_a_fresh_table(
     the plan of its statement on such a table joins by hashing, with no per-row filter."""
     q = make_queue()
     async with q:
-        async with q.batch() as b:
-            head = b.add("t", {})
-            for _ in range(3000):
-                b.add("t", {}, depends_on=[head])
+        head, routine = await wide_fan_out(q, 3000)
         assert q._release_call is not None
-        spec = q._completer.settle_routine()
-        assert spec is not None
         stmt = release_sql(q, f"'{{{head.id}}}'::bigint[]")
         async with q.engine.connect() as conn:
             config = (await conn.execute(text(
                 "SELECT proconfig FROM pg_proc WHERE proname = :n"),
-                {"n": spec[0] + "_rel"})).scalar_one()
+                {"n": routine + "_rel"})).scalar_one()
             assert "enable_nestloop=off" in config, config
             await conn.exec_driver_sql("SET enable_nestloop = off")
             plan = [r[0] for r in await conn.exec_driver_sql("EXPLAIN ANALYZE " + stmt)]
@@ -276,17 +283,12 @@ async def test_split_release_stays_on_the_primary_key_before_the_first_analyze(
     each of their statements has an index made for it."""
     q = make_queue()
     async with q:
-        async with q.batch() as b:
-            head = b.add("t", {})
-            for _ in range(20_000):
-                b.add("t", {}, depends_on=[head])
-        spec = q._completer.settle_routine()
-        assert spec is not None
+        head, routine = await wide_fan_out(q, 20_000)
         J, D = q._t.jobs, q._t.deps
         async with q.engine.connect() as conn:
             configs = (await conn.execute(text(
                 "SELECT proname, proconfig FROM pg_proc WHERE proname LIKE :n"),
-                {"n": spec[0] + "%"})).all()
+                {"n": routine + "%"})).all()
             assert len(configs) == 3, configs
             for name, config in configs:
                 assert "enable_seqscan=off" in config, (name, config)
