@@ -18,9 +18,9 @@ from sqlalchemy import case, delete, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as S
-from .completer import lit
 from .errors import InvalidJobError, JobNotFoundError
 from .models import Job, JobState
+from .sql import lit
 from .timeutil import db_now
 
 if TYPE_CHECKING:
@@ -262,14 +262,15 @@ async def graph(q: JobQueue, job_id: int, limit: int = 100) -> JobGraph:
 async def cancel(q: JobQueue, job_id: int) -> str:
     """Cancel a job; returns ``cancelled``, ``running`` (a cancel request its worker honours
     within a heartbeat) or the terminal state it already had."""
-    return await q._write(lambda conn: q._completer.cancel(conn, job_id))
+    actions = q._started().actions
+    return await q._write(lambda conn: actions.cancel(conn, job_id))
 
 
 async def retry(q: JobQueue, job_id: int) -> list[int]:
     """Retry a failed or cancelled job; returns every id revived with it."""
-    ids = await q._write(lambda conn: q._completer.retry(conn, job_id))
-    if q._worker is not None:
-        q._worker.wake.set()
+    core = q._started()
+    ids = await q._write(lambda conn: core.actions.retry(conn, job_id))
+    core.signals.wake()
     return ids
 
 
@@ -341,7 +342,7 @@ async def prune(
             for i in range(0, len(level), CHUNK):
                 part = level[i : i + CHUNK]
                 col = J.c.id if by_id else J.c.parent_id
-                stmt = q._ops.for_update(
+                stmt = q._started().db.ops.for_update(
                     select(J.c.id, J.c.parent_id, J.c.state, J.c.finished_at)
                     .where(col.in_(part)).order_by(J.c.id)
                 )

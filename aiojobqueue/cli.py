@@ -684,7 +684,7 @@ def migrate(
 
     async def go() -> tuple[int, int]:
         async with opened(url, prefix, migrate=not check, must_exist=check) as q:
-            return await current_version(q) or 0, SCHEMA_VERSION
+            return await current_version(q._started().db) or 0, SCHEMA_VERSION
 
     before_now = run(url, go)  # with --check, a stale schema raised SchemaError (exit 4)
     found, target = before_now

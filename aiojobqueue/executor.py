@@ -14,10 +14,13 @@ from sqlalchemy import select, update
 from . import schema as S
 from .batch import Batch, check_json
 from .claim import Claimed
-from .completer import Outcome, lit
+from .database import Database
 from .errors import AioJobQueueError
+from .finalize import Outcome
+from .sql import lit
 
 if TYPE_CHECKING:
+    from .core import Core
     from .queue import JobQueue
 
 log = logging.getLogger("aiojobqueue.worker")
@@ -41,8 +44,10 @@ class LeaseLostError(AioJobQueueError):
 class JobContext:
     """What a running handler gets as its first argument."""
 
-    def __init__(self, queue: JobQueue, claimed: Claimed) -> None:
+    def __init__(self, queue: JobQueue, db: Database, worker_id: str, claimed: Claimed) -> None:
         self._q = queue
+        self._db = db
+        self._me = worker_id
         self._c = claimed
         #: The state saved by the last ``checkpoint()`` of an earlier attempt, else None.
         self.checkpointed: Any = claimed.checkpoint
@@ -77,25 +82,25 @@ class JobContext:
 
         Fenced like finalize: raises LeaseLostError if this attempt lost its lease."""
         check_json(state, "checkpoint state")
-        J = self._q._t.jobs
+        J = self._db.t.jobs
         c = self._c
 
         async def write(conn: Any) -> int:
             res = await conn.execute(
                 update(J).where(
                     J.c.id == c.id, J.c.attempts == c.attempt, J.c.state == lit(S.RUNNING),
-                    J.c.lease_owner == self._q.worker_id,
+                    J.c.lease_owner == self._me,
                 ).values(checkpoint=state)
             )
             return int(res.rowcount)
 
-        if await self._q._write(write) != 1:
+        if await self._db.write(write) != 1:
             raise LeaseLostError(f"job {c.id} attempt {c.attempt} no longer holds its lease")
         self.checkpointed = state
 
     async def dependency_results(self) -> dict[int, Any]:
         """``{dependency id: result}`` of the jobs this one depends on."""
-        J, D = self._q._t.jobs, self._q._t.deps
+        J, D = self._db.t.jobs, self._db.t.deps
 
         async def read(conn: Any) -> dict[int, Any]:
             rows = await conn.execute(
@@ -104,7 +109,7 @@ class JobContext:
             )
             return {r.id: r.result for r in rows}
 
-        return await self._q._read(read)
+        return await self._db.read(read)
 
     def batch(self) -> Batch:
         """A batch to add jobs from inside the handler (a dynamic DAG)."""
@@ -129,13 +134,13 @@ def _error(
 Reasons = dict[tuple[int, int], str]
 
 
-async def run_attempt(q: JobQueue, c: Claimed, reasons: Reasons) -> Outcome | None:
+async def run_attempt(core: Core, c: Claimed, reasons: Reasons) -> Outcome | None:
     """Run ``c`` to an Outcome. ``reasons[(c.id, c.attempt)]`` says why the worker cancelled
     it, if it did: "cancel" (cancel requested: the job ends cancelled), "lost" (the lease
     belongs to someone else: nothing to write), "shutdown" (graceful stop) or "expired" (the
     lease could not be renewed in time): both release the job so it runs again at once."""
-    me = q.worker_id
-    spec = q._handlers.get(c.type)
+    me = core.settings.worker_id
+    spec = core.handlers.get(c.type)
     if spec is None:  # never claimed without a handler; defensive
         return Outcome(c.id, c.attempt, me, "failed", error={
             "type": "NoHandler", "message": f"no handler for {c.type!r}"}, retryable=False)
@@ -143,7 +148,7 @@ async def run_attempt(q: JobQueue, c: Claimed, reasons: Reasons) -> Outcome | No
     tmo = asyncio.timeout(limit)
     try:
         async with tmo:
-            result = await spec.fn(JobContext(q, c), **c.args)
+            result = await spec.fn(core.make_context(c), **c.args)
         if result is not None:
             check_json(result, f"result of {c.type!r}")
         return Outcome(c.id, c.attempt, me, "done", result=result)
@@ -163,7 +168,7 @@ async def run_attempt(q: JobQueue, c: Claimed, reasons: Reasons) -> Outcome | No
         if tmo.expired():
             log.warning("job %s (%s) attempt %s timed out after %ss",
                         c.id, c.type, c.attempt, limit,
-                        extra=_extra(q, c))
+                        extra=_extra(me, c))
             return Outcome(c.id, c.attempt, me, "failed",
                            error=_error(exc, "TimeoutError", f"timed out after {limit}s"))
         return Outcome(c.id, c.attempt, me, "failed", error=_error(exc))
@@ -171,10 +176,10 @@ async def run_attempt(q: JobQueue, c: Claimed, reasons: Reasons) -> Outcome | No
         # The worker logs the outcome once committed (retry or failed for good); this one
         # carries the traceback for whoever debugs at DEBUG level.
         log.debug("job %s (%s) attempt %s raised %r", c.id, c.type, c.attempt, exc,
-                  extra=_extra(q, c), exc_info=exc)
+                  extra=_extra(me, c), exc_info=exc)
         return Outcome(c.id, c.attempt, me, "failed", error=_error(exc))
 
 
-def _extra(q: JobQueue, c: Claimed) -> dict[str, Any]:
-    return {"job_id": c.id, "job_type": c.type, "attempt": c.attempt, "worker": q.worker_id,
+def _extra(me: str, c: Claimed) -> dict[str, Any]:
+    return {"job_id": c.id, "job_type": c.type, "attempt": c.attempt, "worker": me,
             "group": c.group}

@@ -14,7 +14,7 @@ from .errors import ConfigurationError
 from .timeutil import utcnow_plus
 
 if TYPE_CHECKING:
-    from .queue import JobQueue
+    from .schema import Tables
 
 log = logging.getLogger("aiojobqueue.limits")
 
@@ -55,29 +55,28 @@ class RateLimit(Limit):
         if not isinstance(name, str) or not name or len(name) > 100:
             raise ConfigurationError(f"RateLimit name must be 1-100 chars, got {name!r}")
         self.n, self.per, self.name = n, float(per), name
-        self._queue: JobQueue | None = None
 
     def __repr__(self) -> str:
         return f"RateLimit({self.n}, per={self.per}, name={self.name!r})"
 
     async def available(self) -> int:
-        if self._queue is None:
-            return self.n
-        q = self._queue
-        return int(await q._read(lambda conn: self._budget(q, conn)))
+        """``n``: the fleet-wide count is taken inside each claim (see ``budget``)."""
+        return self.n
 
-    async def _budget(self, q: JobQueue, conn: AsyncConnection) -> int:
-        R = q._t.rate
+    async def budget(self, conn: AsyncConnection, tables: Tables) -> int:
+        """Starts still allowed now, counted in the claim's transaction (under the gate)."""
+        R = tables.rate
         used = (await conn.execute(
             select(func.count()).select_from(R)
             .where(R.c.name == self.name, R.c.at > utcnow_plus(-self.per))
         )).scalar_one()
         return max(self.n - int(used), 0)
 
-    async def _consume(self, q: JobQueue, conn: AsyncConnection, count: int) -> None:
+    async def consume(self, conn: AsyncConnection, tables: Tables, count: int) -> None:
+        """Record ``count`` starts in the claim's transaction; forget those out of reach."""
         if count <= 0:
             return
-        R = q._t.rate
+        R = tables.rate
         now = (await conn.execute(select(utcnow_plus(0.0)))).scalar_one()
         await conn.execute(insert(R), [{"name": self.name, "at": now}] * count)
         await conn.execute(

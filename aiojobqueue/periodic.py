@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -31,7 +32,11 @@ from .errors import ConfigurationError
 from .timeutil import db_now
 
 if TYPE_CHECKING:
-    from .queue import JobQueue
+    from .batch import Batch
+    from .database import Database
+
+#: makes a batch that inserts on the given connection (``JobQueue.batch(connection=)``)
+BatchOn = Callable[[AsyncConnection], "Batch"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: Longest sleep between looks at the schedules (a new slot is enqueued one period early).
@@ -111,44 +116,41 @@ def make_schedule(
 
 
 async def enqueue_slot(
-    q: JobQueue, conn: AsyncConnection, s: Schedule, slot: datetime
+    db: Database, batch_on: BatchOn, conn: AsyncConnection, *, s: Schedule, slot: datetime
 ) -> int | None:
     """In the caller's write transaction: enqueue ``slot`` of ``s`` unless it (or a later
     slot) was already enqueued. Returns the new job id, or None."""
-    M = q._t.meta
+    M = db.t.meta
     mark = f"cron:{s.name}"
-    await q._ops.insert_ignore(conn, M, [{"name": mark, "value": ""}])
+    await db.ops.insert_ignore(conn, M, [{"name": mark, "value": ""}])
     last = (await conn.execute(
-        q._ops.for_update(select(M.c.value).where(M.c.name == mark))
+        db.ops.for_update(select(M.c.value).where(M.c.name == mark))
     )).scalar_one()
     iso = slot_iso(slot)
     if last and last >= iso:
         return None
-    b = q.batch(connection=conn)
+    b = batch_on(conn)
     ref = b.add(s.type, s.args, run_after=slot, key=s.key(slot), **s.options)
     await b.commit()
     await conn.execute(update(M).where(M.c.name == mark).values(value=iso))
     return ref.id
 
 
-async def run_schedules(q: JobQueue) -> None:
+async def run_schedules(db: Database, schedules: Mapping[str, Schedule],
+                        batch_on: BatchOn) -> None:
     """The side loop: keep each schedule's next slot enqueued; sleep until a slot passes."""
-    schedules = list(q._schedules.values())
-    if not schedules:
+    todo = list(schedules.values())
+    if not todo:
         return
     while True:
-        now: datetime = await q._read(lambda conn: _db_time(conn))
+        now: datetime = await db.read(_db_time)
         soonest = now + timedelta(seconds=MAX_SLEEP)
-        for s in schedules:
+        for s in todo:
             slot = s.next_after(now)
-            await q._write(functools.partial(_enqueue, q, s, slot))
+            await db.write(functools.partial(enqueue_slot, db, batch_on, s=s, slot=slot))
             soonest = min(soonest, slot)
         # wake just after the soonest slot, when the slot after it becomes the one to enqueue
         await asyncio.sleep(max((soonest - now).total_seconds(), 0.0) + 0.01)
-
-
-async def _enqueue(q: JobQueue, s: Schedule, slot: datetime, conn: AsyncConnection) -> int | None:
-    return await enqueue_slot(q, conn, s, slot)
 
 
 async def _db_time(conn: AsyncConnection) -> datetime:

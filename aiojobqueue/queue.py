@@ -1,41 +1,61 @@
-"""JobQueue: configuration, lifecycle, enqueue/get/wait/cancel/retry, serve."""
+"""JobQueue: the facade. Configuration and registration, lifecycle (start builds the parts
+in core.py), enqueue/get/wait/cancel/retry, serve."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import random
-import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
-from sqlalchemy import Connection, select
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from . import schema as S
-from .batch import BULK_ROWS, MAX_ID, Batch, JobRef, _Spec, insert_alone, insert_specs
-from .completer import SPLIT, Completer
-from .dialects.base import DialectOps, dialect_for, engine_kwargs_for
-from .errors import (
-    ConfigurationError,
-    JobCancelled,
-    JobFailed,
-    JobNotFoundError,
-)
-from .executor import Handler, HandlerSpec
+from .actions import Actions
+from .batch import MAX_ID, Batch, JobRef
+from .claim import Claimed, Claimer
+from .core import Core, Signals
+from .database import Database
+from .dialects.base import dialect_for, engine_for_url
+from .errors import ConfigurationError, JobCancelled, JobFailed, JobNotFoundError
+from .executor import Handler, HandlerSpec, JobContext
+from .fanout import SplitReleases
+from .finalize import Finalizer
 from .hooks import Hooks
-from .limits import Limit, RateLimit, check_limits
+from .insert import Inserter
+from .limits import Limit
+from .migrate import check, install_routines, upgrade
 from .models import Job, JobState
 from .periodic import Schedule, make_schedule
+from .settings import Settings
+from .settle import Settler
 from .worker import Worker
 
 log = logging.getLogger("aiojobqueue")
 T = TypeVar("T")
+V = TypeVar("V")
+
+
+class _Setting(Generic[V]):
+    """A public setting of JobQueue: read from its Settings; set (before start) by building
+    new Settings, validated again."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, q: JobQueue | None, owner: type) -> V:
+        return getattr(q._settings, self.name)  # type: ignore[union-attr, no-any-return]
+
+    def __set__(self, q: JobQueue, value: V) -> None:
+        if q._core is not None:
+            raise ConfigurationError(f"{self.name} cannot change once the queue has started")
+        q._settings = q._settings.replace(**{self.name: value})
+        if self.name == "prefix":
+            q._t = S.build_tables(q._settings.prefix)
 
 
 class JobQueue:
@@ -66,71 +86,53 @@ class JobQueue:
         default_group: str = "default",
         worker_id: str | None = None,
     ) -> None:
-        if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
-            raise ConfigurationError(f"concurrency must be an int >= 1 or None: {concurrency!r}")
-        if not isinstance(capacity, int) or capacity < 1:
-            raise ConfigurationError(f"capacity must be an int >= 1: {capacity!r}")
-        if heartbeat_interval <= 0 or poll_interval <= 0 or shutdown_timeout < 0:
-            raise ConfigurationError("heartbeat_interval and poll_interval must be > 0")
-        if lease_ttl < 2 * heartbeat_interval:
-            raise ConfigurationError(
-                f"lease_ttl ({lease_ttl}s) must be at least twice heartbeat_interval "
-                f"({heartbeat_interval}s), or a live job's lease can expire between heartbeats"
-            )
-        if not prefix.replace("_", "").isalnum() or len(prefix) > 20:
-            raise ConfigurationError(f"prefix must be letters, digits and _ (<= 20): {prefix!r}")
-        for g, n in (group_limits or {}).items():
-            if not isinstance(n, int) or n < 0:
-                raise ConfigurationError(f"group limit for {g!r} must be an int >= 0: {n!r}")
+        self._settings = Settings.build(
+            limits, group_limits, concurrency=concurrency, capacity=capacity,
+            lease_ttl=lease_ttl, heartbeat_interval=heartbeat_interval,
+            poll_interval=poll_interval, shutdown_timeout=shutdown_timeout, prefix=prefix,
+            max_attempts=max_attempts, retry_backoff=retry_backoff,
+            retry_backoff_max=retry_backoff_max, default_group=default_group,
+            worker_id=worker_id or "",
+        )
         self._url = url
-        self.concurrency = concurrency
-        self.capacity = capacity
-        self.limits = list(limits)
-        check_limits(self.limits)
-        self.group_limits = dict(group_limits or {})
-        self.lease_ttl = float(lease_ttl)
-        self.heartbeat_interval = float(heartbeat_interval)
-        self.poll_interval = float(poll_interval)
-        self.shutdown_timeout = float(shutdown_timeout)
-        self.prefix = prefix
-        self.max_attempts = max_attempts
-        self.retry_backoff = retry_backoff
-        self.retry_backoff_max = retry_backoff_max
-        self.default_group = default_group
-        self.worker_id = worker_id or f"{uuid.uuid4().hex[:12]}"
         self._t = S.build_tables(prefix)
         self._handlers: dict[str, HandlerSpec] = {}
         self._hooks = Hooks()
+        self._schedules: dict[str, Schedule] = {}
         self._engine: AsyncEngine | None = None
         self._owns_engine = False
-        self._ops: DialectOps = None  # type: ignore[assignment]
-        self._completer = Completer(self)
-        self._known_groups: set[str] = set()
-        self._promoted_at = 0.0  # monotonic time of this process's last promotion sweep
-        self._groups_at = 0.0  # ... and of its last census of groups with runnable jobs
-        self._census_due = False  # a claim left the census to the next one (see claim())
-        self._single_group: str | None = None  # the only such group then, if just one
-        # Hot statements built once (claim, finalize): no per-round construction and one
-        # compiled form each; keyed by their role and shape.
-        self._stmts: dict[Any, Any] = {}
-        #: the calls of the one-call finalize and release routines, where installed
-        self._settle_call: Any | None = None
-        self._release_call: Any | None = None
-        self._rest_call: Any | None = None
-        #: see completer.SPLIT (tests lower it to split small fan-outs)
-        self._split = SPLIT
-        #: the calls releasing the rest of split releases, in flight (held: tasks are weak)
-        self._resting: set[asyncio.Task[Any]] = set()
-        # Tests force the no-RETURNING insert path (MySQL 8) on MariaDB with this.
-        self._force_insert_fallback = False
-        self._local_done = asyncio.Event()
+        #: the parts of the started queue (None until start())
+        self._core: Core | None = None
+        self._inserter: Inserter | None = None
         self._worker: Worker | None = None
-        self._schedules: dict[str, Schedule] = {}
-        self._db_limits = [lim for lim in self.limits if isinstance(lim, RateLimit)]
-        self._local_limits = [lim for lim in self.limits if not isinstance(lim, RateLimit)]
-        for lim in self._db_limits:
-            lim._queue = self
-        self._needs_gate = bool(concurrency is not None or self.group_limits or self._db_limits)
+
+    concurrency: _Setting[int | None] = _Setting()
+    capacity: _Setting[int] = _Setting()
+    lease_ttl: _Setting[float] = _Setting()
+    heartbeat_interval: _Setting[float] = _Setting()
+    poll_interval: _Setting[float] = _Setting()
+    shutdown_timeout: _Setting[float] = _Setting()
+    prefix: _Setting[str] = _Setting()
+    max_attempts: _Setting[int] = _Setting()
+    retry_backoff: _Setting[float] = _Setting()
+    retry_backoff_max: _Setting[float] = _Setting()
+    default_group: _Setting[str] = _Setting()
+    worker_id: _Setting[str] = _Setting()
+
+    @property
+    def limits(self) -> list[Limit]:
+        """The limits on how many jobs may start (see ``aiojobqueue.limits``)."""
+        return list(self._settings.limits)
+
+    @property
+    def group_limits(self) -> dict[str, int]:
+        """The most jobs of a group in flight at once, fleet-wide, by group."""
+        return dict(self._settings.group_limits)
+
+    @property
+    def settings(self) -> Settings:
+        """This queue's configuration, frozen."""
+        return self._settings
 
     # -- registration ---------------------------------------------------------------------
     def handler(
@@ -199,35 +201,45 @@ class JobQueue:
         if isinstance(self._url, AsyncEngine):
             engine = self._url
         else:
-            url = make_url(self._url)
-            if url.get_backend_name() in ("mysql", "mariadb") and "charset" not in url.query:
-                url = url.update_query_dict({"charset": "utf8mb4"})
-            engine = create_async_engine(url, **engine_kwargs_for(url.drivername))
+            engine = engine_for_url(self._url)
             self._owns_engine = True
         ops = dialect_for(engine, self._t)
-        self._engine = ops.prepare_engine(engine)
-        self._ops = ops
+        self._engine = engine = ops.prepare_engine(engine)
+        s = self._settings
+        db = Database(engine, ops, self._t, s.worker_id)
         try:
-            from .migrate import check, settle_routine, upgrade
-
-            await (upgrade(self) if migrate else check(self))
-            calls = await settle_routine(self, create=migrate)
-            self._settle_call, self._release_call, self._rest_call = calls or (None,) * 3
+            await (upgrade(db) if migrate else check(db))
+            routines = await install_routines(db, create=migrate)
         except BaseException:
             await self.close()
             raise
+        signals = Signals()
+        claimer = Claimer(s, db)
+        settler = Settler(db, ops.write_path(db, routines.release if routines else None))
+        splits = SplitReleases(db, routines.rest if routines else None, signals.wake)
+        finalizer = Finalizer(s, db, settler, routines.finish if routines else None,
+                              splits.release_rest)
+        self._inserter = Inserter(db, claimer, settler, signals)
+
+        def make_context(c: Claimed) -> JobContext:
+            return JobContext(self, db, s.worker_id, c)
+
+        self._core = Core(
+            settings=s, db=db, claimer=claimer, settler=settler, finalizer=finalizer,
+            actions=Actions(db, settler), splits=splits, signals=signals, hooks=self._hooks,
+            handlers=self._handlers, schedules=self._schedules, make_context=make_context,
+            batch_on=lambda conn: self.batch(connection=conn),
+            round_kind=ops.round_kind(routines is not None),
+        )
 
     async def close(self) -> None:
         """Dispose of the engine aiojobqueue created (a passed-in engine is left alone)."""
-        if self._resting:  # split releases in flight land first (a part left: a sweep's)
-            _, late = await asyncio.wait(list(self._resting), timeout=5.0)
-            for task in late:
-                task.cancel()
-            if late:
-                await asyncio.wait(late, timeout=1.0)
+        core, self._core = self._core, None
+        if core is not None:  # split releases in flight land first (a part left: a sweep's)
+            await core.splits.close()
         engine, self._engine = self._engine, None
-        if engine is not None:
-            await self._ops.release()
+        if core is not None:
+            await core.db.ops.release()
         if engine is not None and self._owns_engine:
             await engine.dispose()
 
@@ -237,118 +249,30 @@ class JobQueue:
             raise ConfigurationError("the queue is not started: use `async with queue:` first")
         return self._engine
 
-    # -- split releases -------------------------------------------------------------------
-    def _release_rest(self) -> None:
-        """A finalize just split the release of a wide fan-out (see completer.SPLIT): release
-        the rest at once, on a connection of its own, while the first of its jobs run. Not
-        awaited: if it fails, the row it would have taken is left to a sweep
-        (Worker._reclaim_loop), as if this process had died."""
-        task = asyncio.get_running_loop().create_task(self._rest_releases())
-        self._resting.add(task)
-        task.add_done_callback(self._resting.discard)
+    def _started(self) -> Core:
+        if self._core is None:
+            raise ConfigurationError("the queue is not started: use `async with queue:` first")
+        return self._core
 
-    async def _rest_releases(self, n: int = 64) -> int:
-        """Release up to ``n`` recorded parts of split releases (any worker's: parts taken by
-        a call in flight are skipped), one transaction each, in order, waking the local
-        worker as each lands. Returns how many were released."""
-        stmt = self._rest_call
-        done = 0
-        while stmt is not None and done < n:
-            try:
-                took = await self._autocommit(lambda conn: conn.scalar(stmt, {"n": 1}))
-            except Exception as exc:  # the part stays; a sweep takes it
-                log.warning("releasing the rest of a wide fan-out failed (%s); a sweep "
-                            "will", exc)
-                break
-            if not took:
-                break
-            done += 1
-            if self._worker is not None:
-                self._worker.wake.set()
-        return done
-
-    # -- transactions ---------------------------------------------------------------------
+    # -- transactions, for the operator tools (admin.py) ----------------------------------
     async def _write(self, fn: Callable[[AsyncConnection], Awaitable[T]], retries: int = 8) -> T:
-        """Run ``fn`` in one write transaction; lock conflicts and deadlocks retry it whole."""
-
-        async def once() -> T:
-            async with self.engine.begin() as conn:
-                return await fn(conn)
-
-        return await self._retrying(once, retries)
-
-    async def _write_sync(self, fn: Callable[[Connection], T], retries: int = 8) -> T:
-        """``_write()`` for a synchronous ``fn``. Where the dialect has a side writer (SQLite)
-        the transaction runs wholly in a thread on a connection of its own: once it holds
-        the database's write lock it commits and lets go even while a handler blocks this
-        event loop, so other processes' writes never wait on it. For the side loops' short
-        transactions (the heartbeat), not the hot path."""
-        side = self._ops.side_writer(self.engine)
-        if side is None:
-            return await self._write(lambda conn: conn.run_sync(fn), retries)
-
-        def once() -> T:
-            with side.begin() as conn:
-                return fn(conn)
-
-        return await self._retrying(lambda: asyncio.to_thread(once), retries)
-
-    async def _retrying(self, once: Callable[[], Awaitable[T]], retries: int) -> T:
-        """``once()``, again on a lock conflict or deadlock, up to ``retries`` times."""
-        delay = 0.005
-        for attempt in range(retries + 1):
-            try:
-                return await once()
-            except Exception as exc:  # drivers may raise unwrapped errors: ask the dialect
-                if attempt == retries or not self._ops.is_transient(exc):
-                    raise
-                await asyncio.sleep(delay * (1 + random.random()))
-                delay = min(delay * 2, 1.0)
-        raise AssertionError("unreachable")
-
-    async def _autocommit(self, fn: Callable[[AsyncConnection], Awaitable[T]]) -> T:
-        """Run ``fn`` on a connection in autocommit: each statement commits by itself, so
-        ``fn`` must only issue statements that are atomic on their own. Not retried: the
-        caller decides (a lost answer may hide a commit)."""
-        async with self.engine.connect() as conn:
-            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
-            return await fn(conn)
+        """Database.write on this queue's database."""
+        return await self._started().db.write(fn, retries)
 
     async def _read(self, fn: Callable[[AsyncConnection], Awaitable[T]], retries: int = 3) -> T:
-        """Run a read-only ``fn``; a pooled connection that died (a database restart) or a
-        lock conflict is retried on a fresh one, since reading twice is harmless."""
-        delay = 0.005
-        for attempt in range(retries + 1):
-            try:
-                async with self.engine.connect() as conn:
-                    ro = self._ops.read_only(conn)
-                    if ro is not None:
-                        conn = await ro
-                    return await fn(conn)
-            except Exception as exc:
-                if attempt == retries or not self._ops.is_transient(exc):
-                    raise
-                await asyncio.sleep(delay * (1 + random.random()))
-                delay = min(delay * 2, 1.0)
-        raise AssertionError("unreachable")
-
-    async def _ensure_groups(self, conn: AsyncConnection, groups: list[str]) -> None:
-        new = [g for g in groups if g not in self._known_groups]
-        if not new:
-            return
-        G = self._t.groups
-        stmt = select(G.c.group_key).where(G.c.group_key.in_(new))
-        have = {r[0] for r in await conn.execute(stmt)}
-        missing = [{"group_key": g} for g in new if g not in have]
-        if missing:
-            await self._ops.insert_ignore(conn, G, missing)
-        # Cache only rows seen committed: this transaction may still roll back.
-        self._known_groups.update(have)
+        """Database.read on this queue's database."""
+        return await self._started().db.read(fn, retries)
 
     # -- enqueue --------------------------------------------------------------------------
     def batch(self, connection: AsyncConnection | AsyncSession | None = None) -> Batch:
         """Collect jobs and containers to insert as one DAG in one transaction."""
-        return Batch(self, connection)
+        return Batch(self._settings, self._handlers, self._insert, connection)
+
+    async def _insert(self, specs: list[Any],
+                      connection: AsyncConnection | AsyncSession | None) -> list[int]:
+        self._started()
+        assert self._inserter is not None
+        return await self._inserter.insert(specs, connection)
 
     async def enqueue(
         self,
@@ -373,48 +297,6 @@ class JobQueue:
         await b.commit()
         return ref.id
 
-    async def _insert_batch(
-        self, specs: list[_Spec], connection: AsyncConnection | AsyncSession | None
-    ) -> list[int]:
-        if connection is not None:
-            if isinstance(connection, AsyncSession):
-                conn = await connection.connection()
-            else:
-                conn = connection
-            ids, any_ready = await insert_specs(self, conn, specs)
-            return ids
-        if self._ops.autocommit_insert and self._lone_insert(specs):
-            # One INSERT statement does it all (times from the database clock, the wake-up
-            # in the same statement): it is atomic by itself, so skip BEGIN and COMMIT.
-            done = await insert_alone(self, specs)
-            if done is not None:
-                ids, any_ready = done
-                if any_ready and self._worker is not None:
-                    self._worker.wake.set()
-                return ids
-        for attempt in range(3):
-            try:
-                ids, any_ready = await self._write(lambda conn: insert_specs(self, conn, specs))
-                if any_ready and self._worker is not None:
-                    self._worker.wake.set()  # a worker in this process starts it at once
-                return ids
-            except IntegrityError:  # a concurrent insert took the same key: look again
-                if attempt == 2:
-                    raise
-                for s in specs:
-                    s.ref._id = None
-        raise AssertionError("unreachable")
-
-    def _lone_insert(self, specs: list[_Spec]) -> bool:
-        """Jobs whose insert is a single statement: no key, edge, parent or container, a
-        group already known to exist, no absolute run_after, and few enough for one bulk
-        statement (a bulk load's chunk of 1,000 is one round trip, not BEGIN, INSERT, COMMIT)."""
-        return len(specs) <= BULK_ROWS and all(
-            s.key is None and not s.depends_on and s.parent is None and not s.is_container
-            and s.group in self._known_groups and not isinstance(s.run_after, datetime)
-            for s in specs
-        )
-
     # -- inspection -----------------------------------------------------------------------
     async def get(self, job_id: int) -> Job:
         """A snapshot of one job. Raises JobNotFoundError."""
@@ -429,7 +311,7 @@ class JobQueue:
                 select(D.c.depends_on_id).where(D.c.job_id == job_id).order_by(D.c.depends_on_id))]
             return _to_job(row, deps)
 
-        return await self._read(read)
+        return await self._started().db.read(read)
 
     async def wait(self, job_id: int, timeout: float | None = None) -> Any:
         """Wait until the job is terminal; return its result or raise JobFailed/JobCancelled.
@@ -445,7 +327,7 @@ class JobQueue:
                     raise JobFailed(job_id, job.error)
                 if job.state == JobState.CANCELLED:
                     raise JobCancelled(job_id, job.error)
-                done = self._local_done
+                done = self._started().signals.done
                 # asyncio.timeout, not wait_for (3.11's wait_for can swallow a cancellation)
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay):
@@ -456,20 +338,21 @@ class JobQueue:
         """Cancel a job or container and everything waiting on it. A running job is stopped
         by its worker within about one heartbeat interval."""
         _check_id(job_id)
-        await self._write(lambda conn: self._completer.cancel(conn, job_id))
+        core = self._started()
+        await core.db.write(lambda conn: core.actions.cancel(conn, job_id))
 
     async def retry(self, job_id: int) -> None:
         """Make a failed or cancelled job runnable again, with the jobs its end cancelled."""
         _check_id(job_id)
-        await self._write(lambda conn: self._completer.retry(conn, job_id))
-        if self._worker is not None:
-            self._worker.wake.set()
+        core = self._started()
+        await core.db.write(lambda conn: core.actions.retry(conn, job_id))
+        core.signals.wake()
 
     # -- serving --------------------------------------------------------------------------
     async def serve(self) -> None:
         """Run jobs until cancelled; on cancellation shut down gracefully."""
         await self.start()
-        self._worker = Worker(self)
+        self._worker = Worker(self._started())
         try:
             await self._worker.serve()
         finally:
@@ -479,7 +362,7 @@ class JobQueue:
         """Run jobs until nothing this process can run is runnable and nothing is in flight
         anywhere (retries in backoff count as in flight; jobs delayed by run_after do not)."""
         await self.start()
-        self._worker = Worker(self)
+        self._worker = Worker(self._started())
         try:
             await self._worker.serve(until_idle=True)
         finally:

@@ -21,9 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
-    DDL,
-    JSON,
-    BigInteger,
     Boolean,
     Column,
     Float,
@@ -32,13 +29,13 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
-    event,
     false,
     text,
 )
-from sqlalchemy.dialects import postgresql
 
-from .timeutil import UTCDateTime
+from .dialects.columns import Id as _Id
+from .dialects.columns import Json as _Json
+from .dialects.columns import UTCDateTime, drop_routines_with
 
 SCHEMA_VERSION = 5
 #: What a container not yet active adds to its children's ``pending`` (v3; was 1): larger
@@ -53,8 +50,6 @@ LIVE = (WAITING, SCHEDULED, READY, RUNNING, ACTIVE)
 
 JOB, CONTAINER = "job", "container"
 
-_Id = BigInteger().with_variant(Integer, "sqlite")  # SQLite only autoincrements INTEGER PKs
-_Json = JSON(none_as_null=True).with_variant(postgresql.JSONB(none_as_null=True), "postgresql")
 
 
 @dataclass(frozen=True)
@@ -203,7 +198,7 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
     )
     # v5: the dependents of a finished job whose release was split off its finalize (the
     # PostgreSQL routine releases the first of a large fan-out in the finalizing call and the
-    # rest in a call of its own right after; see PostgresOps.settle_routine). A row lives
+    # rest in a call of its own right after; see fanout.py). A row lives
     # for milliseconds; one left by a worker that died is finished by any other.
     releases = Table(
         f"{p}releases",
@@ -213,16 +208,7 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("ids", _Json, nullable=False),  # a part of its dependents still to release
         Column("created_at", UTCDateTime, nullable=False),
     )
-    # The one-call finalize routine (PostgreSQL, see migrate.settle_routine) goes with the
-    # table it writes: whatever its digest, drop_all() leaves none behind.
-    routines = f"{jobs.name}_settle_"
-    drop = DDL(f"""DO $ajq$ DECLARE f regprocedure; BEGIN
-  FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
-           WHERE p.pronamespace = current_schema()::regnamespace
-             AND left(p.proname, {len(routines)}) = '{routines}'
-  LOOP EXECUTE 'DROP FUNCTION ' || f; END LOOP;
-END $ajq$""")  # type: ignore[no-untyped-call]
-    event.listen(jobs, "before_drop", drop.execute_if(dialect="postgresql"))
+    drop_routines_with(jobs)
     return Tables(md, jobs, deps, meta, groups, workers, rate, releases)
 
 

@@ -23,7 +23,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from aiojobqueue import JobQueue
-from aiojobqueue.claim import claim, group_demand_query
+from aiojobqueue.claim import group_demand_query
 from aiojobqueue.schema import build_tables
 
 URLS = {
@@ -48,7 +48,7 @@ async def one(db: str, backlog: int, runs: int) -> None:
                     b.add("w", {}, group="bulk", weight=3)
                 for g in ("t1", "t2", "t3"):
                     b.add("w", {}, group=g)
-            stmt = group_demand_query(q, ["w"])
+            stmt = group_demand_query(q._t, ["w"])
             async with q.engine.connect() as conn:
                 if db == "postgresql":
                     await conn.execute(text(f"ANALYZE {prefix}jobs"))
@@ -69,7 +69,8 @@ async def one(db: str, backlog: int, runs: int) -> None:
 
                 async def timed(conn: AsyncConnection) -> Any:
                     t = time.perf_counter()
-                    got = await claim(q, conn, 10, ["w"])
+                    assert q._core is not None
+                    got = await q._core.claimer.claim(conn, 10, ["w"])
                     t_claim.append(time.perf_counter() - t)
                     assert len(got) == 10
                     raise _Rollback

@@ -17,8 +17,8 @@ flusher) timed: Worker._flush is wrapped for the run. A round is one of
 Per drain: the rate, the wall time from first to last round, and per kind of round the
 count, the summed and the median duration, the jobs finalized and leased. The pump and the
 flusher overlap, so the sums may exceed the wall time. ``--dump N`` prints the first N
-rounds of each DAG drain. A diagnostic, not a supported interface: it wraps a private
-method of the worker.
+rounds of each DAG drain. A diagnostic, not a supported interface: it wraps the round
+strategies' ``run`` and the outcome pipeline's ``flush`` (aiojobqueue/worker/).
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from typing import Any, NamedTuple
 
 import run as R  # bench/run.py (its sys.path set-up makes the peer harness importable)
 
-from aiojobqueue import worker as W
+from aiojobqueue.worker import outcomes as O
+from aiojobqueue.worker import rounds as W
 
 DB = "bench_ajq_timeline"
 
@@ -55,19 +56,37 @@ class Round(NamedTuple):
 
 
 ROUNDS: list[Round] = []
-_flush = W.Worker._flush
 
 
-async def _timed_flush(
-    self: W.Worker, want: int = 0, types: list[str] | None = None, quick: bool = False
-) -> tuple[bool, list[Any]]:
-    t0, written, backlog = time.perf_counter(), len(self.outbox), self._backlog
-    out = await _flush(self, want, types, quick)
-    ROUNDS.append(Round(t0, time.perf_counter(), written, want, len(out[1]), backlog))
-    return out
+def _timed(cls: Any) -> None:
+    """Record every round of ``cls`` (a round strategy of worker/rounds.py)."""
+    run = cls.run
+
+    async def timed_run(self: Any, want: int, types: list[str], quick: bool
+                        ) -> tuple[bool, list[Any]]:
+        t0, written = time.perf_counter(), len(self.outcomes.outbox)
+        backlog = self.state.backlog
+        out = await run(self, want, types, quick)
+        ROUNDS.append(Round(t0, time.perf_counter(), written, want, len(out[1]), backlog))
+        return out
+
+    cls.run = timed_run
 
 
-W.Worker._flush = _timed_flush  # type: ignore[method-assign]
+for _cls in (W.ParallelRound, W.SharedRound):
+    _timed(_cls)
+_flush = O.Outcomes.flush
+
+
+async def _timed_flush(self: O.Outcomes) -> bool:
+    """The flusher's writes: rounds with nothing to claim."""
+    t0, written = time.perf_counter(), len(self.outbox)
+    ok = await _flush(self)
+    ROUNDS.append(Round(t0, time.perf_counter(), written, 0, 0, self.state.backlog))
+    return ok
+
+
+O.Outcomes.flush = _timed_flush  # type: ignore[method-assign]
 
 
 async def drain(conc: int, n: int, dag: bool, dump: int) -> list[str]:

@@ -35,8 +35,9 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import aiojobqueue.worker as worker_mod
-from aiojobqueue import JobContext, JobEvent, JobQueue
+from aiojobqueue import JobContext, JobEvent, JobQueue, fanout
+from aiojobqueue.claim import Claimer
+from aiojobqueue.fanout import SplitReleases
 from aiojobqueue.runner import run_worker
 
 _fd = -1
@@ -108,26 +109,26 @@ def build(args: argparse.Namespace) -> JobQueue:
         return fn
 
     # the jobs a finalize call leased along (PostgreSQL's riding claim), for test_chaos
-    real_asked = worker_mod.asked_claims
+    real_asked = Claimer.asked_claims
 
-    def asked(q: JobQueue, ask: Any) -> Any:
-        got = real_asked(q, ask)
+    def asked(self: Claimer, ask: Any) -> Any:
+        got = real_asked(self, ask)
         if got:
             event("rode", jobs=[c.id for c in got])
         return got
 
-    worker_mod.asked_claims = asked
+    Claimer.asked_claims = asked  # type: ignore[method-assign]
 
     if args.split:
-        q._split = args.split
-    real_rest = q._release_rest
+        fanout.SPLIT = args.split
+    real_rest = SplitReleases.release_rest
 
-    def rest() -> None:
+    def rest(self: SplitReleases) -> None:
         event("split")
         if not args.stall_rest:
-            real_rest()
+            real_rest(self)
 
-    q._release_rest = rest  # type: ignore[method-assign]
+    SplitReleases.release_rest = rest  # type: ignore[method-assign]
 
     # "retry" and "failed" both end an attempt in failure (attempts left, or not)
     for name, ev in (("done", "fin"), ("discarded", "discarded"), ("released", "released"),

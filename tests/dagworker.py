@@ -20,7 +20,6 @@ import time
 from typing import Any
 
 from aiojobqueue import JobContext, JobQueue
-from aiojobqueue.claim import claim
 
 
 async def wait_for_go(path: str) -> None:
@@ -54,7 +53,7 @@ async def run_claims(q: JobQueue, log: Any, go: str) -> None:
         empty = 0
         while empty < 3:
             want = random.randint(1, 5)
-            got = await q._write(lambda conn: claim(q, conn, want, ["t"]))  # noqa: B023
+            got = await q._write(lambda conn: q._core.claimer.claim(conn, want, ["t"]))  # noqa: B023
             for c in got:
                 log.write(f"C {c.id} {c.attempt} {q.worker_id}\n")
             log.flush()

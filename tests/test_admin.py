@@ -265,7 +265,7 @@ async def test_a_raising_hook_never_hurts_the_job(queue: JobQueue) -> None:
 async def test_a_dead_workers_attempt_is_reported_once_by_the_reclaimer(
     make_queue: Any,
 ) -> None:
-    from aiojobqueue.claim import claim
+
 
     dead = make_queue(lease_ttl=1.0, heartbeat_interval=0.3)
     alive = make_queue(lease_ttl=1.0, heartbeat_interval=0.3)
@@ -280,7 +280,7 @@ async def test_a_dead_workers_attempt_is_reported_once_by_the_reclaimer(
     async with dead, alive:
         jid = await dead.enqueue("x")
         # "dead" leases the job and never heartbeats or finishes it: a crashed worker
-        (c,) = await dead._write(lambda conn: claim(dead, conn, 1, ["x"]))
+        (c,) = await dead._write(lambda conn: dead._core.claimer.claim(conn, 1, ["x"]))
         assert c.id == jid
         await alive.run_until_idle()
         assert await alive.wait(jid, timeout=10) == 2

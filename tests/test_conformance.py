@@ -19,18 +19,18 @@ from typing import Any
 from sqlalchemy import event, insert, select, text
 
 from aiojobqueue import JobContext, JobQueue, JobState
-from aiojobqueue.claim import Claimed, claim
-from aiojobqueue.completer import Outcome
+from aiojobqueue.claim import Claimed
+from aiojobqueue.finalize import Outcome
 
 WORKER = Path(__file__).with_name("dagworker.py")
 
 
 async def claim_now(q: JobQueue, want: int = 10, types: tuple[str, ...] = ("t",)) -> list[Claimed]:
-    return await q._write(lambda conn: claim(q, conn, want, list(types)))
+    return await q._write(lambda conn: q._core.claimer.claim(conn, want, list(types)))
 
 
 async def finish(q: JobQueue, *outcomes: Outcome) -> list[Outcome]:
-    return await q._write(lambda conn: q._completer.finish(conn, list(outcomes)))
+    return await q._write(lambda conn: q._core.finalizer.finish(conn, list(outcomes)))
 
 
 async def row(q: JobQueue, jid: int) -> Any:
@@ -57,7 +57,7 @@ async def _fill(q: JobQueue, done: int, waiting: int, ready: int) -> None:
             rows = [dict(base, state=state, pending=int(state == "waiting")) for _ in range(n)]
             for i in range(0, n, 5000):
                 await conn.execute(insert(J), rows[i : i + 5000])
-        await q._ensure_groups(conn, ["default"])
+        await q._core.claimer.ensure_groups(conn, ["default"])
 
 
 async def _claim_selects(q: JobQueue) -> list[tuple[str, Any]]:
@@ -74,7 +74,7 @@ async def _claim_selects(q: JobQueue) -> list[tuple[str, Any]]:
     try:
         async with q.engine.connect() as conn:
             await conn.begin()
-            got = await claim(q, conn, 5, ["t"])
+            got = await q._core.claimer.claim(conn, 5, ["t"])
             await conn.rollback()
     finally:
         event.remove(q.engine.sync_engine, "before_cursor_execute", on_execute)
@@ -178,7 +178,7 @@ async def test_claim_skips_what_an_open_claim_holds(make_queue: Callable[..., Jo
         refs = [b.add("t") for _ in range(10)]
     async with q1.engine.connect() as conn:
         await conn.begin()
-        first = await claim(q1, conn, 4, ["t"])  # not committed yet
+        first = await q1._core.claimer.claim(conn, 4, ["t"])  # not committed yet
         second = asyncio.create_task(claim_now(q2, 4))
         # PostgreSQL/MariaDB: SKIP LOCKED answers at once; SQLite: waits for the write lock
         await asyncio.wait({second}, timeout=0.5)

@@ -84,7 +84,8 @@ async def test_commit_whose_answer_was_lost_is_finalized_once(
             calls.append(ctx.attempt)
             # the finalize carrying this result commits, but its answer never arrives (on
             # PostgreSQL it is one call of the finalize routine, in autocommit)
-            px.cut_after_commit(marker.encode(), autocommit=q._settle_call is not None)
+            routine = q._core is not None and q._core.finalizer.settle_call is not None
+            px.cut_after_commit(marker.encode(), autocommit=routine)
             return {"tag": marker, "attempt": ctx.attempt}
 
         jid = await observer.enqueue("step", {})
@@ -108,7 +109,7 @@ async def test_commit_whose_answer_was_lost_is_finalized_once(
             # claim rides along with the finalize at a DAG step): that lease, unknown to the
             # worker, is released as an orphan (an attempt starts at each claim), never run.
             assert f"not running here: [{after}]" in caplog.text
-            assert q._settle_call is not None
+            assert q._core.finalizer.settle_call is not None
         assert events == ["done", "done"], events  # reported applied, not "discarded"
         assert "committed though its answer was lost" in caplog.text
 

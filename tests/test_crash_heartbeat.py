@@ -57,7 +57,9 @@ def _break_heartbeat(q: JobQueue, exc: Callable[[], Exception]) -> Callable[[], 
             raise exc()
 
     # the heartbeat's engine: the queue's, or on SQLite the side writer it runs on
-    engines = [e for e in (q.engine.sync_engine, q._ops.side_writer(q.engine)) if e is not None]
+    assert q._core is not None
+    side = q._core.db.ops.side_writer(q.engine)
+    engines = [e for e in (q.engine.sync_engine, side) if e is not None]
     for engine in engines:
         event.listen(engine, "before_cursor_execute", before)
 

@@ -14,6 +14,7 @@ import pytest
 from tcpproxy import TcpProxy
 
 from aiojobqueue import JobContext, JobQueue, JobState
+from aiojobqueue.worker.rounds import AutocommitRound
 
 SERVERS = pytest.mark.parametrize("db", ["postgresql", "mariadb"], indirect=True)
 
@@ -45,8 +46,8 @@ async def test_claim_with_lost_commit_answer_is_released_not_stranded(
                 await asyncio.wait_for(busy.wait(), 20)  # this worker now renews a lease
                 group = "orphan-probe-group"  # appears only in the claim that takes the probe
                 # where the claim runs in autocommit, its own answer is its commit's
-                px.cut_after_commit(group.encode(), autocommit=q._ops.autocommit_writes
-                                    and not q._needs_gate)
+                px.cut_after_commit(group.encode(), autocommit=issubclass(
+                    q._core.round_kind, AutocommitRound) and not q.settings.needs_gate)
                 t0 = time.monotonic()
                 probe = await observer.enqueue("step", {"seconds": 0.0}, group=group,
                                                max_attempts=1)

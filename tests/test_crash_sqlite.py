@@ -107,7 +107,7 @@ async def test_a_handler_blocking_the_event_loop_does_not_hold_the_write_lock(
             con.close()
 
     async with q:
-        engines = [q.engine.sync_engine, q._ops.side_writer(q.engine)]
+        engines = [q.engine.sync_engine, q._core.db.ops.side_writer(q.engine)]
         for engine in engines:
             if engine is not None:
                 event.listen(engine, "after_cursor_execute", spy)

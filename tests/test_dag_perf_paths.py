@@ -15,17 +15,19 @@ import pytest
 from sqlalchemy import any_, event, insert, literal_column, select, text
 
 from aiojobqueue import JobQueue, JobState
-from aiojobqueue.claim import Claimed, claim
-from aiojobqueue.completer import Completer, Outcome
+from aiojobqueue.claim import Claimed, PickThenLease
+from aiojobqueue.finalize import Outcome
+from aiojobqueue.migrate import routine_spec
+from aiojobqueue.settle import LockedWrites, Settler, drop_deps_stmt, drop_one_stmt
 
 
 async def claim_now(q: JobQueue, want: int = 100) -> list[Claimed]:
-    return await q._write(lambda conn: claim(q, conn, want, ["t"]))
+    return await q._write(lambda conn: q._core.claimer.claim(conn, want, ["t"]))
 
 
 async def finish(q: JobQueue, ids: list[int]) -> list[Outcome]:
     outs = [Outcome(i, 1, q.worker_id, "done") for i in ids]
-    return await q._write(lambda conn: q._completer.finish(conn, outs))
+    return await q._write(lambda conn: q._core.finalizer.finish(conn, outs))
 
 
 async def pending(q: JobQueue, *ids: int) -> dict[int, tuple[str, int]]:
@@ -47,9 +49,11 @@ PATHS = pytest.mark.parametrize(("db", "path"), [
 
 def use_path(q: JobQueue, path: str) -> None:
     """Force the portable path (what MySQL/MariaDB run) on any database."""
+    assert q._core is not None
     if path == "portable":
-        q._ops.update_returning = False  # type: ignore[misc]
-    assert q._ops.update_returning == (path == "one-statement")
+        q._core.settler.path = LockedWrites(q._core.db)
+        q._core.claimer.path = PickThenLease(q._core.db, q.settings)
+    assert isinstance(q._core.settler.path, LockedWrites) == (path == "portable")
 
 
 @PATHS
@@ -91,13 +95,13 @@ async def test_rollup_skipped_only_while_a_live_child_is_held(
 ) -> None:
     q = make_queue()
     rolled: list[list[int]] = []
-    real = Completer._rollup
+    real = Settler._rollup
 
-    async def spy(self: Completer, conn: Any, containers: Any) -> Any:
+    async def spy(self: Settler, conn: Any, containers: Any) -> Any:
         rolled.append(sorted(containers))
         return await real(self, conn, containers)
 
-    monkeypatch.setattr(Completer, "_rollup", spy)
+    monkeypatch.setattr(Settler, "_rollup", spy)
     async with q:
         use_path(q, path)
         async with q.batch() as b:
@@ -146,7 +150,7 @@ async def test_last_children_finishing_at_once_finish_the_container(
 
 def release_sql(q: JobQueue, ids: str) -> str:
     """The release statement as the PostgreSQL release routine runs it, ``ids`` its array."""
-    stmt = q._completer._drop_deps_stmt(lambda col: col == any_(literal_column(ids)), wake=False)
+    stmt = drop_deps_stmt(q._core.db, lambda col: col == any_(literal_column(ids)), wake=False)
     return str(stmt.compile(dialect=q.engine.dialect, compile_kwargs={"literal_binds": True}))
 
 
@@ -208,7 +212,7 @@ async def wide_fan_out(q: JobQueue, n: int) -> tuple[Any, str]:
         head = b.add("t", {})
         for _ in range(n):
             b.add("t", {}, depends_on=[head])
-    spec = q._completer.settle_routine()
+    spec = routine_spec(q._core.db)
     assert spec is not None
     return head, spec[0]
 
@@ -224,7 +228,7 @@ async def test_release_of_a_wide_fan_out_is_not_quadratic_on_a_fresh_table(
     q = make_queue()
     async with q:
         head, routine = await wide_fan_out(q, 3000)
-        assert q._release_call is not None
+        assert q._core.settler.path.release_call is not None
         stmt = release_sql(q, f"'{{{head.id}}}'::bigint[]")
         async with q.engine.connect() as conn:
             config = (await conn.execute(text(
@@ -261,13 +265,13 @@ async def test_a_short_claim_of_the_only_group_hands_over_without_a_census(
             got = await claim_now(q, 5)
             assert [c.group for c in got] == ["a"]
             assert not any(G in s for s in seen), seen  # no census before handing over
-            assert q._census_due
+            assert q._core.claimer.census_due
             await q.enqueue("t", {}, group="b")
             seen.clear()
             got = await claim_now(q, 5)  # "a" is dry: look for others now
             assert [c.group for c in got] == ["b"]
             assert any(G in s for s in seen)
-            assert not q._census_due
+            assert not q._core.claimer.census_due
         finally:
             event.remove(q.engine.sync_engine, "before_cursor_execute", spy)
 
@@ -297,7 +301,7 @@ async def test_split_release_stays_on_the_primary_key_before_the_first_analyze(
                 select(D.c.job_id).where(D.c.depends_on_id == head.id)
                 .order_by(D.c.job_id).limit(256))).scalars().all()
             ids = literal_column("'{" + ",".join(map(str, part)) + "}'::bigint[]")
-            stmt = q._completer._drop_one_stmt(lambda col: col == any_(ids))
+            stmt = drop_one_stmt(q._core.db, lambda col: col == any_(ids))
             sql = str(stmt.compile(dialect=q.engine.dialect,
                                    compile_kwargs={"literal_binds": True}))
             for name, value in (c.split("=") for c in configs[0][1]):

@@ -154,7 +154,7 @@ async def test_lone_enqueue_after_the_server_dropped_the_pool(
     pids = [(await c.execute(text("SELECT pg_backend_pid()"))).scalar_one() for c in held]
     for c in held:
         await c.close()
-    spare = queue._ops._spare  # type: ignore[attr-defined]  # the lone path's kept link
+    spare = queue._core.db.ops._spare  # type: ignore[attr-defined]  # the lone path's kept link
     if spare is not None:
         pids.append(spare.driver_connection.get_server_pid())
     killer = create_async_engine(queue.engine.url, poolclass=NullPool)
@@ -326,7 +326,7 @@ async def test_a_bulk_load_chunk_is_one_statement_of_its_own(queue: JobQueue, db
     goes on the lone path where the dialect has one (PostgreSQL): no transaction around it,
     so none of SQLAlchemy's BEGIN / INSERT / COMMIT; one more job than that takes the
     transaction. Either way every id maps to its own row, in order."""
-    from aiojobqueue.batch import BULK_ROWS
+    from aiojobqueue.insert import BULK_ROWS
 
     for _ in range(2):  # the default group is known (seen committed) from here on
         await queue.enqueue("t", {})

@@ -9,7 +9,8 @@ import pytest
 from sqlalchemy import Index, Table, UniqueConstraint, func, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
-from aiojobqueue import JobContext, JobQueue
+from aiojobqueue import JobContext, JobQueue, fanout
+from aiojobqueue.fanout import SplitReleases
 from aiojobqueue.schema import CREDIT, SCHEMA_VERSION, build_tables
 
 
@@ -217,7 +218,9 @@ async def test_v3_live_key_constraint_upgrades_to_the_index(
     assert await queues[1].enqueue("t", {}, key="k") == again
 
 
-async def test_v4_schema_gains_the_releases_table(make_queue: Callable[..., JobQueue]) -> None:
+async def test_v4_schema_gains_the_releases_table(
+    make_queue: Callable[..., JobQueue], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """v5 adds the releases table (the recorded rest of split releases): a v4 database gets
     it from the upgrade, keeps its jobs, and a DAG then runs through it (on PostgreSQL with
     its fan-out split, so the new table is written and emptied)."""
@@ -232,16 +235,16 @@ async def test_v4_schema_gains_the_releases_table(make_queue: Callable[..., JobQ
             await conn.execute(update(M).where(M.c.name == "schema_version").values(value="4"))
 
     q2 = make_queue(capacity=1)  # the head's call leases at most 1: 4 released, 8 recorded
-    q2._split = 2
+    monkeypatch.setattr(fanout, "SPLIT", 2)
     ran: list[int] = []
     parts: list[int] = []
-    real = q2._rest_releases
+    real = SplitReleases.rest_releases
 
-    async def spy(n: int = 64) -> int:
-        parts.append(await real(n))
+    async def spy(self: SplitReleases, n: int = 64) -> int:
+        parts.append(await real(self, n))
         return parts[-1]
 
-    q2._rest_releases = spy  # type: ignore[method-assign]
+    monkeypatch.setattr(SplitReleases, "rest_releases", spy)
 
     @q2.handler("t")
     async def t(ctx: JobContext) -> None:

@@ -22,10 +22,9 @@ from tcpproxy import TcpProxy
 from test_crash_finalize import watched_queue
 
 import aiojobqueue.claim as claim_mod
-import aiojobqueue.worker as worker_mod
 from aiojobqueue import JobContext, JobQueue, JobState
-from aiojobqueue.claim import Claimed, LeaseAsk, claim
-from aiojobqueue.completer import Completer, Outcome
+from aiojobqueue.claim import Claimed, Claimer, LeaseAsk
+from aiojobqueue.finalize import Finalizer, Outcome
 from aiojobqueue.schema import build_tables
 
 PG_ONLY = pytest.mark.parametrize("db", ["postgresql"], indirect=True)
@@ -45,18 +44,18 @@ async def serving(q: JobQueue) -> AsyncIterator[None]:
 
 @pytest.fixture
 def one_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[int], set[int]]]:
-    """Each call of Completer.finish_in_one_call: (ids given, ids it finished). A spy on
+    """Each call of Finalizer.finish_in_one_call: (ids given, ids it finished). A spy on
     which path a finalize took; the calls themselves run unchanged against the database."""
     seen: list[tuple[list[int], set[int]]] = []
-    real = Completer.finish_in_one_call
+    real = Finalizer.finish_in_one_call
 
-    async def spy(self: Completer, conn: Any, outcomes: Any,
+    async def spy(self: Finalizer, conn: Any, outcomes: Any,
                   ask: Any = None) -> set[tuple[int, int]]:
         took = await real(self, conn, outcomes, ask)
         seen.append(([o.job_id for o in outcomes], {i for i, _ in took}))
         return took
 
-    monkeypatch.setattr(Completer, "finish_in_one_call", spy)
+    monkeypatch.setattr(Finalizer, "finish_in_one_call", spy)
     return seen
 
 
@@ -245,7 +244,9 @@ async def test_without_the_routine_the_long_path_finalizes(
             order.append(name)
 
         await q.start(migrate=False)
-        assert q._settle_call is None and q._release_call is None and q._rest_call is None
+        core = q._core
+        assert core is not None and core.finalizer.settle_call is None
+        assert core.settler.path.release_call is None and core.splits.rest_call is None
         assert "is missing (run `aiojobqueue migrate`)" in caplog.text
         async with q.batch() as b:
             ups = [b.add("step", {"name": "up"}) for _ in range(3)]
@@ -256,8 +257,10 @@ async def test_without_the_routine_the_long_path_finalizes(
         assert one_calls == []
         await q.close()
         async with make_queue() as again:
-            assert again._settle_call is not None and again._release_call is not None
-            assert again._rest_call is not None
+            core = again._core
+            assert core is not None and core.finalizer.settle_call is not None
+            assert core.settler.path.release_call is not None
+            assert core.splits.rest_call is not None
         async with engine.begin() as conn:
             assert (await conn.execute(*routines)).scalar() == 3
             await conn.run_sync(build_tables(prefix).metadata.drop_all)
@@ -308,17 +311,17 @@ async def test_results_are_stored_by_the_one_call_path(
 
 @pytest.fixture
 def riding(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
-    """The ids each claim that rode along with a finalize call leased (a spy on the worker's
-    asked_claims; the calls run unchanged against the database)."""
+    """The ids each claim that rode along with a finalize call leased (a spy on
+    Claimer.asked_claims; the calls run unchanged against the database)."""
     seen: list[list[int]] = []
-    real = worker_mod.asked_claims
+    real = Claimer.asked_claims
 
-    def spy(q: JobQueue, ask: LeaseAsk) -> list[Claimed]:
-        got = real(q, ask)
+    def spy(self: Claimer, ask: LeaseAsk) -> list[Claimed]:
+        got = real(self, ask)
         seen.append([c.id for c in got])
         return got
 
-    monkeypatch.setattr(worker_mod, "asked_claims", spy)
+    monkeypatch.setattr(Claimer, "asked_claims", spy)
     return seen
 
 
@@ -403,13 +406,13 @@ async def test_a_declined_call_leases_nothing(make_queue: Callable[..., JobQueue
             box = b.container("box")
             bad = b.add("t", {}, parent=box)
             last = b.add("t", {}, parent=box)
-        got = await q._write(lambda conn: claim(q, conn, 5, ["t"]))
+        got = await q._write(lambda conn: q._core.claimer.claim(conn, 5, ["t"]))
         assert sorted(c.id for c in got) == [bad.id, last.id]
         spare = await q.enqueue("t", {})
-        await q._write(lambda conn: q._completer.finish(conn, [Outcome(
+        await q._write(lambda conn: q._core.finalizer.finish(conn, [Outcome(
             bad.id, 1, q.worker_id, "failed", error={"type": "E"}, retryable=False)]))
         ask = LeaseAsk("default", ["t"], 5)
-        took = await q._autocommit(lambda conn: q._completer.finish_in_one_call(
+        took = await q._core.db.autocommit(lambda conn: q._core.finalizer.finish_in_one_call(
             conn, [Outcome(last.id, 1, q.worker_id, "done")], ask))
         assert took == set() and ask.rows is None
         for jid, state, attempts in ((last.id, JobState.RUNNING, 1), (spare, JobState.READY, 0)):

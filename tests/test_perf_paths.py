@@ -78,7 +78,7 @@ async def test_lone_enqueue_is_complete_and_wakes(make_queue: Callable[..., JobQ
             for i in range(3):  # the first ones learn the group; later ones take the fast path
                 seen.clear()
                 jid = await producer.enqueue("t", {"i": i}, run_after=None)
-                if worker._ops.listener(worker.engine) is None:
+                if worker._core.db.ops.listener(worker.engine) is None:
                     continue  # polling only on this database (MariaDB)
                 t0 = time.monotonic()
                 await asyncio.wait_for(seen.wait(), 10)

@@ -15,7 +15,13 @@ from schedtools import read_log, spawn, stop, wait_ready
 from sqlalchemy import select
 
 from aiojobqueue import ConfigurationError, InvalidJobError, JobQueue, NotJSONError
-from aiojobqueue.periodic import enqueue_slot, make_schedule, slot_iso
+from aiojobqueue.periodic import Schedule, enqueue_slot, make_schedule, slot_iso
+
+
+async def slot_in(q: JobQueue, conn: Any, s: Schedule, slot: datetime) -> int | None:
+    """enqueue_slot on ``q``'s database, in the caller's transaction."""
+    assert q._core is not None
+    return await enqueue_slot(q._core.db, lambda c: q.batch(connection=c), conn, s=s, slot=slot)
 
 
 def test_every_slots_are_epoch_aligned_and_strictly_after() -> None:
@@ -67,18 +73,18 @@ async def test_slot_is_enqueued_once_even_after_its_job_finished(queue: JobQueue
 
     s = make_schedule("hb", type="beat", every=1.0, priority=5)
     slot = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)  # already due
-    first = await queue._write(lambda c: enqueue_slot(queue, c, s, slot))
+    first = await queue._write(lambda c: slot_in(queue, c, s, slot))
     assert first is not None
-    assert await queue._write(lambda c: enqueue_slot(queue, c, s, slot)) is None
+    assert await queue._write(lambda c: slot_in(queue, c, s, slot)) is None
     await queue.run_until_idle()
     assert ran == [first]
     job = await queue.get(first)
     assert job.key == f"cron:hb:{slot_iso(slot)}" and job.priority == 5
     # finished: the key is free again, but the mark still refuses this slot and earlier ones
-    assert await queue._write(lambda c: enqueue_slot(queue, c, s, slot)) is None
+    assert await queue._write(lambda c: slot_in(queue, c, s, slot)) is None
     assert await queue._write(
-        lambda c: enqueue_slot(queue, c, s, slot - timedelta(seconds=1))) is None
-    later = await queue._write(lambda c: enqueue_slot(queue, c, s, slot + timedelta(seconds=1)))
+        lambda c: slot_in(queue, c, s, slot - timedelta(seconds=1))) is None
+    later = await queue._write(lambda c: slot_in(queue, c, s, slot + timedelta(seconds=1)))
     assert later is not None and later != first
 
 

@@ -12,7 +12,6 @@ from conftest import eventually
 from sqlalchemy import select
 
 from aiojobqueue import JobQueue, JobState, Limit
-from aiojobqueue.claim import claim
 
 
 async def _serving(q: JobQueue) -> asyncio.Task[None]:
@@ -127,7 +126,7 @@ async def test_group_weight_is_the_largest_among_its_runnable_jobs(
                 b.add("w", {}, group="a", weight=3 if i == 5 else 1)
             for _ in range(6):
                 b.add("w", {}, group="b", weight=1)
-        got = await q._write(lambda c: claim(q, c, 4, ["w"]))
+        got = await q._write(lambda c: q._core.claimer.claim(c, 4, ["w"]))
     by_group = sorted(c.group for c in got)
     assert by_group == ["a", "a", "a", "b"]
 
@@ -142,7 +141,7 @@ async def test_group_cap_and_zero_cap_pauses_a_group(make_queue: Callable[..., J
             for g in ("paused", "two", "free"):
                 for _ in range(5):
                     b.add("w", {}, group=g)
-        got = await q._write(lambda c: claim(q, c, 10, ["w"]))
+        got = await q._write(lambda c: q._core.claimer.claim(c, 10, ["w"]))
     groups = sorted(c.group for c in got)
     assert groups.count("paused") == 0 and groups.count("two") == 2
     assert groups.count("free") == 5  # the capped groups' share went to the free one

@@ -7,7 +7,7 @@ failed) is finished by any worker's sweep.
 What must hold: every dependent runs once, after its upstream and before what waits on it;
 nothing stays waiting once its upstream is done, whoever dies when; ``run_until_idle`` does
 not return while a split is unfinished; a retry in between does not take an edge off twice.
-The tests lower the split (``q._split``) so that small fan-outs are split."""
+The tests lower the split (``fanout.SPLIT``) so that small fan-outs are split."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from sqlalchemy import func, select
 from test_one_call_finalize import serving
 
 import aiojobqueue.claim as claim_mod
-from aiojobqueue import JobContext, JobQueue, JobState, admin
+from aiojobqueue import JobContext, JobQueue, JobState, admin, fanout
+from aiojobqueue.fanout import SplitReleases
 
 PG_ONLY = pytest.mark.parametrize("db", ["postgresql"], indirect=True)
 WIDE = 40
@@ -36,22 +37,25 @@ def steady(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(claim_mod, "GROUPS_EVERY", 60.0)
 
 
-def split_queue(make_queue: Callable[..., JobQueue], **kw: Any) -> tuple[JobQueue, list[int]]:
+def split_queue(make_queue: Callable[..., JobQueue], monkeypatch: pytest.MonkeyPatch,
+                hold_rest: bool = False, **kw: Any) -> tuple[JobQueue, list[int]]:
     """A queue whose fan-outs of more than max(4 x its lease, 4) jobs are split, and the
-    number of parts each of its rest-release calls released (a spy: the calls run
-    unchanged). Steady (see there) on PostgreSQL."""
-    q = make_queue(**kw)
-    q._split = 4
+    number of parts each rest-release call released (a spy: the calls run unchanged).
+    ``hold_rest``: the call releasing the rest right after a split never runs. Steady (see
+    there) on PostgreSQL."""
+    monkeypatch.setattr(fanout, "SPLIT", 4)
     done: list[int] = []
-    real = q._rest_releases
+    real = SplitReleases.rest_releases
 
-    async def spy(n: int = 8) -> int:
-        got = await real(n)
+    async def spy(self: SplitReleases, n: int = 8) -> int:
+        got = await real(self, n)
         done.append(got)
         return got
 
-    q._rest_releases = spy  # type: ignore[method-assign]
-    return q, done
+    monkeypatch.setattr(SplitReleases, "rest_releases", spy)
+    if hold_rest:
+        monkeypatch.setattr(SplitReleases, "release_rest", lambda self: None)
+    return make_queue(**kw), done
 
 
 async def releases_left(q: JobQueue) -> int:
@@ -90,12 +94,13 @@ async def drain_fan(q: JobQueue) -> None:
 
 async def test_a_wide_fan_out_runs_once_each_in_order(
     make_queue: Callable[..., JobQueue], db: str, steady: None,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """head -> 40 jobs -> tail at capacity 2: the head's finalize releases 8 (or 4, see
     below) on PostgreSQL, the others follow in a call of their own; on SQLite and MariaDB
     all 40 are released by the finalize. Either way each runs once, after the head and
     before the tail, and nothing is left in the releases table."""
-    q, rests = split_queue(make_queue, capacity=2, poll_interval=60.0)
+    q, rests = split_queue(make_queue, monkeypatch, capacity=2, poll_interval=60.0)
     await drain_fan(q)
     if db == "postgresql":
         assert sum(rests) >= 1, rests  # the fan-out was split, its rest released apart
@@ -105,15 +110,14 @@ async def test_a_wide_fan_out_runs_once_each_in_order(
 
 @PG_ONLY
 async def test_the_finalize_releases_the_first_part_and_records_the_rest(
-    make_queue: Callable[..., JobQueue], steady: None,
+    make_queue: Callable[..., JobQueue], steady: None, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Seen from the database right after the head's finalize, with the call that would
     release the rest held back: max(4 x 2, 4) = 8 dependents released (2 of them leased by
     the same call; 4 where the flusher wrote the head's outcome, leasing nothing), the first
     in claim order, the others still waiting, and one part holding exactly those; the sweep
     then releases them all and empties the table."""
-    q, _ = split_queue(make_queue, capacity=2, poll_interval=60.0)
-    q._release_rest = lambda: None  # type: ignore[method-assign]
+    q, _ = split_queue(make_queue, monkeypatch, hold_rest=True, capacity=2, poll_interval=60.0)
     ran = asyncio.Event()
 
     @q.handler("t")
@@ -139,7 +143,7 @@ async def test_the_finalize_releases_the_first_part_and_records_the_rest(
             assert sorted(row.ids) == sorted(i for i, s in states.items()
                                              if s == JobState.WAITING)
             assert (await admin.status(q)).releasing == 1  # `aiojobqueue status` shows it
-            assert await q._rest_releases() == 1
+            assert await q._started().splits.rest_releases() == 1
             assert await releases_left(q) == 0
             assert (await admin.status(q)).releasing == 0
             for ref in outs:
@@ -149,27 +153,26 @@ async def test_the_finalize_releases_the_first_part_and_records_the_rest(
 
 @PG_ONLY
 async def test_run_until_idle_finishes_a_split_it_was_left(
-    make_queue: Callable[..., JobQueue], steady: None,
+    make_queue: Callable[..., JobQueue], steady: None, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The call releasing the rest never runs (as if it failed): run_until_idle() must not
     return with jobs waiting on a done upstream. Its idle check finds the row and releases
     the rest itself; everything runs."""
-    q, rests = split_queue(make_queue, capacity=2, poll_interval=60.0)
-    q._release_rest = lambda: None  # type: ignore[method-assign]
+    q, rests = split_queue(make_queue, monkeypatch, hold_rest=True, capacity=2,
+                           poll_interval=60.0)
     await drain_fan(q)
     assert sum(rests) >= 1, rests
 
 
 @PG_ONLY
 async def test_retry_while_a_split_is_pending_does_not_take_an_edge_off_twice(
-    make_queue: Callable[..., JobQueue], steady: None,
+    make_queue: Callable[..., JobQueue], steady: None, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A recorded dependent also waits on ``gate``, which never finishes here. It is
     cancelled and retried before the rest is released: the retry counts its edges afresh
     (the head's no longer counts) and takes it out of the recorded rest, so the release of
     the rest leaves it waiting on ``gate``, not runnable."""
-    q, _ = split_queue(make_queue, capacity=2, poll_interval=60.0)
-    q._release_rest = lambda: None  # type: ignore[method-assign]
+    q, _ = split_queue(make_queue, monkeypatch, hold_rest=True, capacity=2, poll_interval=60.0)
 
     @q.handler("t")
     async def t(ctx: JobContext, name: str) -> None:
@@ -188,7 +191,7 @@ async def test_retry_while_a_split_is_pending_does_not_take_an_edge_off_twice(
             await q.cancel(late.id)
             await q.retry(late.id)
             assert (await q.get(late.id)).state == JobState.WAITING
-            assert await q._rest_releases() == 1
+            assert await q._started().splits.rest_releases() == 1
             job = await q.get(late.id)
             assert job.state == JobState.WAITING, job.state  # still on gate
             for ref in outs:

@@ -9,13 +9,21 @@ from __future__ import annotations
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from sqlalchemy import Engine, Select, Table, Text, bindparam, insert, select
+from sqlalchemy import CTE, Engine, Select, Table, Text, bindparam, insert, select
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql.compiler import InsertmanyvaluesSentinelOpts
 
 from ..schema import Tables
+
+if TYPE_CHECKING:
+    from ..claim import LeasePath
+    from ..database import Database
+    from ..settings import Settings
+    from ..settle import WritePath
 
 WakeCallback = Callable[[str], None]
 
@@ -75,23 +83,8 @@ class Listener(ABC):
 class DialectOps(ABC):
     """What one database family does its own way."""
 
+    #: a short name for messages (the command line's status, logs)
     name: ClassVar[str]
-    #: UPDATE ... RETURNING exists (not on MySQL/MariaDB).
-    update_returning: ClassVar[bool] = True
-    #: Workers may lease a few jobs ahead of free slots (see Worker._prefetch).
-    prefetch: ClassVar[bool] = True
-    #: A lone multi-row INSERT ... RETURNING may run in autocommit (one round trip).
-    autocommit_insert: ClassVar[bool] = False
-    #: A write that is one atomic statement (the fast finalize, a claim without a gate) may
-    #: run in autocommit: no BEGIN / COMMIT round trips. Where a round trip is cheap (SQLite)
-    #: it joins the caller's transaction instead, one commit for all.
-    autocommit_writes: ClassVar[bool] = False
-    #: Two write transactions of one worker may run at once (a round's finalize and claim).
-    #: Not on SQLite: one writer at a time, the second would only wait for the lock.
-    parallel_writes: ClassVar[bool] = True
-    #: The database runs inside this process (SQLite): a commit's answer cannot be lost on
-    #: the way, so a round's finalize and claim may share one transaction (one commit).
-    local_commit: ClassVar[bool] = False
 
     def __init__(self, tables: Tables) -> None:
         self.t = tables
@@ -100,6 +93,49 @@ class DialectOps(ABC):
     def engine_kwargs() -> dict[str, Any]:
         """Extra create_async_engine keywords when aiojobqueue builds the engine from a URL."""
         return {}
+
+    @staticmethod
+    def normalize_url(url: URL) -> URL:
+        """The URL aiojobqueue connects with, given the user's (e.g. a charset added)."""
+        return url
+
+    # -- the objects the core runs this database's way ------------------------------------
+    def round_kind(self, routines: bool) -> Any:
+        """The tick loop's round strategy class (see worker/rounds.py); ``routines``: the
+        one-call finalize routines are installed."""
+        from ..worker.rounds import ParallelRound
+
+        return ParallelRound
+
+    def lease_path(self, db: Database, settings: Settings) -> LeasePath:
+        """How a claim turns the jobs it picked into leases (see claim.py)."""
+        from ..claim import ReturningLease
+
+        return ReturningLease(db, settings)
+
+    def write_path(self, db: Database, release_call: Any = None) -> WritePath:
+        """How finalize and settle change rows (see settle.py); ``release_call``: the
+        release routine's call, where installed."""
+        from ..settle import ReturningWrites
+
+        return ReturningWrites(db, release_call)
+
+    def insert_path(self) -> InsertPath:
+        """How jobs are inserted (see insert.py)."""
+        return InsertPath(self)
+
+    def materialized(self, cte: CTE) -> CTE:
+        """``cte`` computed once before the statement that reads it, where the dialect can
+        be told so (it then keeps its own plan: an index scan)."""
+        return cte
+
+    async def upgrade_live_key(self, conn: AsyncConnection, ux: Any) -> None:  # noqa: B027
+        """Schema v4: make ``live_key`` unique through the index ``ux`` instead of a UNIQUE
+        constraint on the column (see migrate._v3_to_v4). Default: keep the constraint."""
+
+    def partial_indexes(self) -> bool:
+        """Whether the dialect builds partial indexes (migrations rebuild them)."""
+        return True
 
     def prepare_engine(self, engine: AsyncEngine) -> AsyncEngine:
         """Install hooks / options on ``engine``; returns the engine the queue should use."""
@@ -140,10 +176,11 @@ class DialectOps(ABC):
         self, conn: AsyncConnection, table: Table, rows: list[dict[str, Any]]
     ) -> None:
         """Insert rows, silently skipping those whose primary key already exists."""
-        await conn.execute(self._insert_ignore(table), rows)
+        await conn.execute(self.insert_ignore_stmt(table), rows)
 
     @abstractmethod
-    def _insert_ignore(self, table: Table) -> Any: ...
+    def insert_ignore_stmt(self, table: Table) -> Any:
+        """An INSERT into ``table`` that skips rows whose primary key already exists."""
 
     def read_only(self, conn: AsyncConnection) -> Awaitable[AsyncConnection] | None:
         """Execution options for a read-only transaction, where the dialect cares (SQLite)."""
@@ -163,7 +200,7 @@ class DialectOps(ABC):
         release_one: Callable[[Any], Any] | None = None, split: int = 0, part: int = 256,
     ) -> tuple[str, list[str]] | None:
         """(name, DDL statements) of the server-side routines that finalize successes and
-        release their dependents in one call (see Completer.finish_in_one_call), or None
+        release their dependents in one call (see finalize.finish_in_one_call), or None
         where the dialect has none. ``finish(ids, attempt, owner, result)``, ``release(ids)``,
         ``activate(container ids)``, ``lease(group, n, type match, owner, ttl)`` and
         ``release_one(ids)`` build the statements they run, given the expressions of their
@@ -203,22 +240,12 @@ class DialectOps(ABC):
     @abstractmethod
     def _is_transient(self, exc: BaseException) -> bool: ...
 
-    async def insert_jobs_alone(
-        self, engine: AsyncEngine, cols: JobColumns, wake: bool
-    ) -> list[int] | None:
-        """insert_jobs as a statement of its own in autocommit (only asked where
-        ``autocommit_insert``): the jobs exist once it returns. None: no bulk path here (and
-        nothing was written)."""
-        async with engine.connect() as conn:
-            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
-            return await self.insert_jobs(conn, cols, wake)
-
     async def release(self) -> None:  # noqa: B027 - optional hook
         """Give back what the dialect holds between calls (JobQueue.close)."""
 
     def side_writer(self, engine: AsyncEngine) -> Engine | None:
         """A synchronous engine on the same database, for write transactions that must run
-        to their end without the event loop (JobQueue._write_sync), or None: they run on
+        to their end without the event loop (Database.write_sync), or None: they run on
         ``engine`` like any other."""
         return None
 
@@ -231,7 +258,7 @@ class DialectOps(ABC):
     ) -> list[int] | None:
         """Insert jobs in one bulk statement and return their ids in order, sending the
         wake-up from that statement when ``wake``; or None where the dialect has no bulk path
-        (batch.py then runs SQLAlchemy's executemany INSERT)."""
+        (InsertPath.rows then runs SQLAlchemy's executemany INSERT)."""
         return None
 
     async def insert_edges(
@@ -248,21 +275,61 @@ class DialectOps(ABC):
             ])
 
 
+class InsertPath:
+    """How jobs reach the table (see insert.py): ``alone``, a lone enqueue as one statement
+    in autocommit (None: none here); ``bulk``, one level of a batch as one statement (None:
+    none here); ``rows``, SQLAlchemy's executemany INSERT, returning the new ids in order."""
+
+    #: ``alone(engine, cols, wake)``: the ids, the jobs committed; or None (nothing written)
+    alone: Callable[[AsyncEngine, JobColumns, bool], Awaitable[list[int] | None]] | None = None
+
+    def __init__(self, ops: DialectOps) -> None:
+        self.ops = ops
+
+    async def bulk(self, conn: AsyncConnection, cols: JobColumns, wake: bool) -> list[int] | None:
+        """DialectOps.insert_jobs: the ids, or None where there is no bulk statement."""
+        return await self.ops.insert_jobs(conn, cols, wake)
+
+    async def rows(self, conn: AsyncConnection, jobs: Table, stmt: Any,
+                   params: list[dict[str, Any]], extra: list[Any]) -> list[int]:
+        """Insert ``params`` by ``stmt`` (executemany), RETURNING their ids in order (and
+        ``extra`` in the first statement: the wake-up)."""
+        dialect = conn.dialect
+        ordered = dialect.insert_executemany_returning_sort_by_parameter_order and bool(
+            dialect.insertmanyvalues_implicit_sentinel
+            & InsertmanyvaluesSentinelOpts.ANY_AUTOINCREMENT)
+        step = ROWS_CHUNK * 5
+        ids: list[int] = []
+        for c in range(0, len(params), step):
+            chunk = params[c : c + step]
+            if ordered:
+                res = await conn.execute(
+                    stmt.returning(jobs.c.id, *extra, sort_by_parameter_order=True), chunk)
+                ids += [r[0] for r in res.all()]
+            else:
+                # Without an implicit sentinel SQLAlchemy would send ordered RETURNING one row
+                # per statement. Unordered, it sends multi-row INSERTs in order; under the
+                # write lock each numbers its rows upwards in VALUES order, so the sorted ids
+                # are the rows' ids.
+                res = await conn.execute(stmt.returning(jobs.c.id, *extra), chunk)
+                got = sorted(r[0] for r in res.all())
+                if len(got) != len(chunk):  # pragma: no cover - defensive
+                    raise RuntimeError("multi-row INSERT returned the wrong number of ids")
+                ids += got
+            extra = []
+        return ids
+
+
+#: rows per executemany call of InsertPath.rows (x5 where RETURNING comes back)
+ROWS_CHUNK = 1000
+
+
 def dialect_for(engine: AsyncEngine, tables: Tables) -> DialectOps:
     """Pick the dialect module by SQLAlchemy's dialect name."""
     name = engine.dialect.name
-    if name == "postgresql":
-        from .postgresql import PostgresOps
-
-        return PostgresOps(tables)
-    if name in ("mysql", "mariadb"):  # SQLAlchemy calls MariaDB "mysql" with mysql+ URLs
-        from .mysql import MySQLOps
-
-        return MySQLOps(tables)
-    if name == "sqlite":
-        from .sqlite import SQLiteOps
-
-        return SQLiteOps(tables)
+    cls = ops_class_for(name)
+    if cls is not None:
+        return cls(tables)
     from ..errors import UnsupportedDatabaseError
 
     raise UnsupportedDatabaseError(
@@ -270,18 +337,37 @@ def dialect_for(engine: AsyncEngine, tables: Tables) -> DialectOps:
     )
 
 
-def engine_kwargs_for(url_drivername: str) -> dict[str, Any]:
-    backend = url_drivername.split("+", 1)[0]
+def ops_class_for(backend: str) -> type[DialectOps] | None:
+    """The dialect module's ops class for a SQLAlchemy backend name, or None."""
     if backend == "postgresql":
         from .postgresql import PostgresOps
 
-        return PostgresOps.engine_kwargs()
-    if backend in ("mysql", "mariadb"):
+        return PostgresOps
+    if backend in ("mysql", "mariadb"):  # SQLAlchemy calls MariaDB "mysql" with mysql+ URLs
         from .mysql import MySQLOps
 
-        return MySQLOps.engine_kwargs()
+        return MySQLOps
     if backend == "sqlite":
         from .sqlite import SQLiteOps
 
-        return SQLiteOps.engine_kwargs()
-    return {}
+        return SQLiteOps
+    return None
+
+
+def engine_kwargs_for(url_drivername: str) -> dict[str, Any]:
+    """Extra create_async_engine keywords for a URL's driver."""
+    cls = ops_class_for(url_drivername.split("+", 1)[0])
+    return {} if cls is None else cls.engine_kwargs()
+
+
+def engine_for_url(url: str, **kwargs: Any) -> AsyncEngine:
+    """An async engine for ``url`` as aiojobqueue connects: the dialect's URL adjustments
+    and engine keywords applied (``kwargs`` win)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    u = make_url(url)
+    cls = ops_class_for(u.get_backend_name())
+    if cls is not None:
+        u = cls.normalize_url(u)
+    return create_async_engine(u, **{**engine_kwargs_for(u.drivername), **kwargs})

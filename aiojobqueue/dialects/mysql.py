@@ -7,23 +7,34 @@ RETURNING here, so the claim reads the rows it locked before updating them.
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Select, insert
+from sqlalchemy import Select, Table, insert, select, text, update
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..errors import UnsupportedDatabaseError
+from ..schema import LIVE, TERMINAL
 from .base import (
     JOB_FIELDS,
+    ROWS_CHUNK,
     DialectOps,
+    InsertPath,
     JobColumns,
     json_rows_params,
     run_bulk_insert,
     varying_fields,
 )
+
+if TYPE_CHECKING:
+    from ..claim import LeasePath
+    from ..database import Database
+    from ..settings import Settings
+    from ..settle import WritePath
 
 # deadlock, lock wait timeout, snapshot conflict, server gone / lost / unreachable
 _TRANSIENT = {1213, 1205, 1020, 2006, 2013, 2003, 1927, 4031}
@@ -31,11 +42,56 @@ _TRANSIENT = {1213, 1205, 1020, 2006, 2013, 2003, 1927, 4031}
 
 class MySQLOps(DialectOps):
     name = "mysql"
-    update_returning = False
 
     @staticmethod
     def engine_kwargs() -> dict[str, Any]:
         return {"isolation_level": "READ COMMITTED", "pool_recycle": 3600}
+
+    @staticmethod
+    def normalize_url(url: URL) -> URL:
+        # utf8mb4: the driver's default utf8 (3 bytes) cannot hold every JSON string
+        if "charset" not in url.query:
+            return url.update_query_dict({"charset": "utf8mb4"})
+        return url
+
+    # No UPDATE ... RETURNING: a claim picks, then leases; finalize and settle lock and read.
+    def lease_path(self, db: Database, settings: Settings) -> LeasePath:
+        from ..claim import PickThenLease
+
+        return PickThenLease(db, settings)
+
+    def write_path(self, db: Database, release_call: Any = None) -> WritePath:
+        from ..settle import LockedWrites
+
+        return LockedWrites(db)
+
+    def insert_path(self) -> InsertPath:
+        return MySQLInsertPath(self)
+
+    def partial_indexes(self) -> bool:
+        return False
+
+    async def upgrade_live_key(self, conn: AsyncConnection, ux: Any) -> None:
+        """One ALTER TABLE swaps the old unique key (named after the column, found in
+        information_schema) for the new one, which is not partial here (InnoDB's unique
+        index allows any number of NULLs): the same rule, renamed so that the database
+        matches the metadata (Alembic). DDL commits implicitly here, which lets go of the
+        gate too: a process that takes it next and still sees the old key fails its ALTER
+        and upgrade() tries again, finding v4."""
+        J = ux.table
+        quote = conn.dialect.identifier_preparer.quote
+        table = conn.dialect.identifier_preparer.format_table(J)
+        have = (await conn.execute(text("""
+            SELECT INDEX_NAME FROM information_schema.STATISTICS
+            WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = :t AND NON_UNIQUE = 0
+            GROUP BY INDEX_NAME
+            HAVING COUNT(*) = 1 AND MAX(COLUMN_NAME) = 'live_key'"""),
+            {"t": J.name})).scalars().all()
+        changes = [f"DROP INDEX {quote(name)}" for name in have if name != ux.name]
+        if ux.name not in have:
+            changes.append(f"ADD UNIQUE INDEX {quote(str(ux.name))} (live_key)")
+        if changes:
+            await conn.execute(text(f"ALTER TABLE {table} {', '.join(changes)}"))
 
     def prepare_engine(self, engine: AsyncEngine) -> AsyncEngine:
         # create_engine(isolation_level=...) lands in _on_connect_isolation_level; checking only
@@ -60,7 +116,7 @@ class MySQLOps(DialectOps):
                 f"MySQL {version} lacks SKIP LOCKED: aiojobqueue needs MySQL 8.0.1+"
             )
 
-    def _insert_ignore(self, table: Any) -> Any:
+    def insert_ignore_stmt(self, table: Any) -> Any:
         return insert(table).prefix_with("IGNORE")
 
     def skip_locked(self, stmt: Select[Any]) -> Select[Any]:
@@ -94,7 +150,7 @@ class MySQLOps(DialectOps):
         that vary as one JSON array of rows, the others as one value each. The SELECT is
         ordered by the rows' ordinal and an INSERT ... SELECT takes its auto-increment values
         in that order (as the multi-row INSERT does), so the sorted ids map back in order.
-        MySQL 8 has no INSERT ... RETURNING: None (batch.py's fallback)."""
+        MySQL 8 has no INSERT ... RETURNING: None (MySQLInsertPath.rows)."""
         if not getattr(conn.dialect, "is_mariadb", False):
             return None
         varying = sorted(varying_fields(cols)) or ["args"]
@@ -143,3 +199,44 @@ RETURNING id"""
 
 def _naive_utc(t: datetime) -> str:
     return t.astimezone(UTC).replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
+
+
+class TokenInsert(InsertPath):
+    """Without INSERT ... RETURNING (MySQL 8): no bulk statement, and the executemany INSERT
+    tags its rows with a token to read their ids back. With innodb_autoinc_lock_mode=2 a
+    multi-row INSERT's ids are increasing but not guaranteed consecutive, so: tag the rows
+    with a token in the (still unused) lease_owner column, read the ids back in id order,
+    and clear the tag."""
+
+    async def bulk(self, conn: AsyncConnection, cols: JobColumns, wake: bool) -> list[int] | None:
+        return None
+
+    async def rows(self, conn: AsyncConnection, jobs: Table, stmt: Any,
+                   params: list[dict[str, Any]], extra: list[Any]) -> list[int]:
+        J = jobs
+        token = f"insert:{uuid.uuid4().hex}"
+        ids: list[int] = []
+        for c in range(0, len(params), ROWS_CHUNK):
+            chunk = [dict(r, lease_owner=token) for r in params[c : c + ROWS_CHUNK]]
+            await conn.execute(stmt, chunk)  # executemany: batched multi-row INSERTs
+            got = [r[0] for r in await conn.execute(
+                select(J.c.id)
+                .where(J.c.state.in_(LIVE + TERMINAL), J.c.lease_owner == token)
+                .order_by(J.c.id)
+            )]
+            if len(got) != len(chunk):  # pragma: no cover - would mean a broken id mapping
+                raise RuntimeError(f"inserted {len(chunk)} jobs but found {len(got)}")
+            await conn.execute(update(J).where(J.c.id.in_(got)).values(lease_owner=None))
+            ids += got
+        return ids
+
+
+class MySQLInsertPath(InsertPath):
+    """MariaDB: INSERT ... RETURNING (the JSON_TABLE bulk statement, see insert_jobs);
+    MySQL 8: the token path (TokenInsert)."""
+
+    async def rows(self, conn: AsyncConnection, jobs: Table, stmt: Any,
+                   params: list[dict[str, Any]], extra: list[Any]) -> list[int]:
+        if conn.dialect.insert_returning:
+            return await super().rows(conn, jobs, stmt, params, extra)
+        return await TokenInsert(self.ops).rows(conn, jobs, stmt, params, extra)

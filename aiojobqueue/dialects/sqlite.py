@@ -12,13 +12,12 @@ import sqlite3
 from functools import cached_property
 from typing import Any
 
-from sqlalchemy import Engine, Select, create_engine, event
+from sqlalchemy import CTE, Engine, Select, create_engine, event
 from sqlalchemy.dialects.sqlite import insert as lite_insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from ..timeutil import _EPOCH
 from .base import (
     JOB_FIELDS,
     DialectOps,
@@ -29,6 +28,7 @@ from .base import (
     run_bulk_insert,
     varying_fields,
 )
+from .columns import _EPOCH
 
 BUSY_TIMEOUT_MS = 30_000
 #: How often an idle worker looks for commits made by other connections.
@@ -61,12 +61,16 @@ def _hook(engine: Engine) -> Engine:
 
 class SQLiteOps(DialectOps):
     name = "sqlite"
-    # One writer at a time: a worker that leases ahead re-takes the write lock round after
-    # round while other processes sit in the busy handler's back-off, so it would end up
-    # hoarding the queue. Rounds stay batched (finalize + claim per commit) without it.
-    prefetch = False
-    parallel_writes = False
-    local_commit = True
+
+    def round_kind(self, routines: bool) -> Any:
+        # The database runs in this process, one writer at a time: a round's finalize and
+        # claim share one transaction (see worker/rounds.py).
+        from ..worker.rounds import SharedRound
+
+        return SharedRound
+
+    def materialized(self, cte: CTE) -> CTE:
+        return cte.prefix_with("MATERIALIZED")
 
     def __init__(self, tables: Any) -> None:
         super().__init__(tables)
@@ -78,7 +82,7 @@ class SQLiteOps(DialectOps):
 
     def side_writer(self, engine: AsyncEngine) -> Engine | None:
         """A plain (pysqlite) engine on the same file, for write transactions run wholly in
-        a thread (see JobQueue._write_sync): aiosqlite hands each statement back to the event
+        a thread (see Database.write_sync): aiosqlite hands each statement back to the event
         loop, so a transaction it has begun holds the file's write lock for as long as a
         handler blocks that loop, and every other process's write waits. None in memory
         (another connection would open another database)."""
@@ -96,7 +100,7 @@ class SQLiteOps(DialectOps):
         if side is not None:
             side.dispose()
 
-    def _insert_ignore(self, table: Any) -> Any:
+    def insert_ignore_stmt(self, table: Any) -> Any:
         return lite_insert(table).on_conflict_do_nothing()
 
     def skip_locked(self, stmt: Select[Any]) -> Select[Any]:

@@ -1,0 +1,127 @@
+"""PostgreSQL: one UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING,
+LISTEN/NOTIFY on a dedicated connection outside the pool to wake idle workers (listener.py),
+the one-call finalize routines (routines.py and the .sql files beside it) and the bulk
+insert (insert.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sqlalchemy import CTE, BigInteger, Select, Text, any_, bindparam, cast, func, literal, select
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from ..base import DialectOps, InsertPath, Listener
+from . import routines
+from .insert import PgInsert, PgInsertPath
+from .listener import PgListener
+
+# deadlock, serialization failure, lock timeout, admin shutdown, cannot connect now
+_TRANSIENT = {"40P01", "40001", "55P03", "57P01", "57P02", "57P03", "08000", "08003", "08006"}
+
+
+class PostgresOps(PgInsert, DialectOps):
+    name = "postgresql"
+
+    def round_kind(self, routines: bool) -> Any:
+        # Atomic statements in autocommit; with the routines, a success is one call that
+        # settles too, the claim riding along at a DAG step (see worker/rounds.py).
+        from ...worker.rounds import AutocommitRound, RoutineRound
+
+        return RoutineRound if routines else AutocommitRound
+
+    def insert_path(self) -> InsertPath:
+        return PgInsertPath(self)
+
+    def materialized(self, cte: CTE) -> CTE:
+        # MATERIALIZED: the edge look-up stays an index scan on depends_on_id; grouped in
+        # line, the generic plan may walk the whole deps key when it is skewed.
+        return cte.prefix_with("MATERIALIZED")
+
+    async def upgrade_live_key(self, conn: AsyncConnection, ux: Any) -> None:
+        """The old constraint, found in the catalog by its one column (whatever its name),
+        is dropped and the index built in one transaction, so no other session ever sees
+        the table with neither. The drop goes first: it takes the table's exclusive lock
+        at once instead of upgrading to it from the build's SHARE lock (an upgrade
+        deadlocks with a session that read the table and then writes to it). Writes to the
+        jobs table wait while the index is built (one scan; only live keyed jobs get an
+        entry)."""
+        from sqlalchemy import text
+
+        quote = conn.dialect.identifier_preparer.quote
+        table = conn.dialect.identifier_preparer.format_table(ux.table)
+        old = (await conn.execute(text("""
+            SELECT c.conname FROM pg_constraint c
+            JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1]
+            WHERE c.conrelid = to_regclass(:t) AND c.contype = 'u'
+              AND cardinality(c.conkey) = 1 AND a.attname = 'live_key'"""),
+            {"t": table})).scalars().all()
+        for name in old:
+            await conn.execute(text(f"ALTER TABLE {table} DROP CONSTRAINT {quote(name)}"))
+        await conn.run_sync(ux.create, checkfirst=True)
+
+    def insert_ignore_stmt(self, table: Any) -> Any:
+        return pg_insert(table).on_conflict_do_nothing()
+
+    def in_ids(self, col: Any, ids: Sequence[int]) -> Any:
+        return col == any_(literal(list(ids), ARRAY(BigInteger)))
+
+    def in_ids_param(self, col: Any, name: str) -> Any:
+        return col == any_(bindparam(name, type_=ARRAY(BigInteger)))
+
+    def in_select(self, col: Any, sel: Select[Any]) -> Any:
+        # "= ANY(ARRAY(sub-select))": an InitPlan feeding an index scan. A plain IN becomes a
+        # semi-join, and the generic plan guesses the sub-select large: hash join over a
+        # sequential scan of the whole jobs table.
+        return col == any_(func.array(sel.scalar_subquery()))
+
+    def skip_locked(self, stmt: Select[Any]) -> Select[Any]:
+        return stmt.with_for_update(skip_locked=True)
+
+    def for_update(self, stmt: Select[Any]) -> Select[Any]:
+        return stmt.with_for_update()
+
+    async def notify(self, conn: AsyncConnection, payload: str = "") -> None:
+        await conn.execute(select(func.pg_notify(self.channel(), payload)))
+
+    def notify_expr(self) -> Any:
+        # Evaluated once per returned row, but NOTIFY collapses identical notifications of
+        # one transaction into one.
+        return func.pg_notify(self.channel(), "")
+
+
+    def settle_routine(
+        self, finish: Callable[[Any, Any, Any, Any], Any], release: Callable[[Any], Any],
+        activate: Callable[[Any], Any], lease: Callable[[Any, Any, Any, Any, Any], Any],
+        release_one: Callable[[Any], Any] | None = None, split: int = 0, part: int = 256,
+    ) -> tuple[str, list[str]]:
+        """See routines.py."""
+        return routines.settle_routine(self.t, self.channel(), finish, release, activate,
+                                       lease, release_one, split, part)
+
+    def settle_calls(self, name: str) -> tuple[Any, Any, Any]:
+        return routines.settle_calls(name, self.json_param)
+
+    async def routine_exists(self, conn: AsyncConnection, name: str) -> bool:
+        return await routines.routine_exists(conn, name)
+
+    def listener(self, engine: AsyncEngine) -> Listener:
+        return PgListener(engine, self.channel())
+
+    def _is_transient(self, exc: BaseException) -> bool:
+        if isinstance(exc, DBAPIError):
+            code = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
+            if code in _TRANSIENT:
+                return True
+            cause = exc.orig.__cause__ if exc.orig is not None else None
+            name = type(cause).__name__ if cause is not None else ""
+            return "Connection" in name or "CannotConnect" in name
+        return False
+
+    def json_param(self, name: str) -> Any:
+        return cast(bindparam(name, type_=Text()), JSONB)
+
+    # (column, array type) in the order of the statement's parameters

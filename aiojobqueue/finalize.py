@@ -1,0 +1,311 @@
+"""Fenced finalize: an attempt's outcome takes effect only if its worker still holds that
+attempt's lease (state running, same attempt number, same lease owner); otherwise it changes
+nothing. Every statement here runs in the caller's transaction (or is atomic by itself, for
+the autocommit paths), and hands what became terminal to ``settle.Settler``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import bindparam, false, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from . import schema as S
+from .database import Database
+from .policy import backoff
+from .settings import Settings
+from .settle import CHUNK, IdsMatch, Settler, cancel_error
+from .sql import lit
+from .timeutil import db_now, utcnow_plus
+
+if TYPE_CHECKING:
+    from .claim import LeaseAsk
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one attempt ended. ``kind``: done | failed | cancelled | released.
+
+    ``finish_detailed()`` returns the outcomes that took effect with ``kind`` set to what
+    actually happened: ``retry`` (failed, will run again after ``retry_in`` seconds) or ``failed``
+    (for good); ``cancelled`` also when a failure met a cancel request."""
+
+    job_id: int
+    attempt: int
+    owner: str
+    kind: str
+    result: Any = None
+    error: dict[str, Any] | None = None
+    #: False: fail for good now (e.g. non-retryable), regardless of attempts left.
+    retryable: bool = True
+    #: Set by finish_detailed() on a ``retry``: the backoff delay in seconds.
+    retry_in: float | None = None
+
+
+def plain_stmt(db: Database, alone: bool, ids: IdsMatch | None = None, attempt: Any = None,
+                owner: Any = None, result: Any = None) -> Any:
+    """The fenced UPDATE of Finalizer.finish_plain; by default its ids, attempt and owner are bind
+    parameters ``ids``, ``a``, ``o`` and it stores no result (other expressions: the
+    server-side routine's)."""
+    J = db.t.jobs
+    match = ids or (lambda col: db.ops.in_ids_param(col, "ids"))
+    cond = [match(J.c.id), J.c.state == lit(S.RUNNING),
+            J.c.attempts == (bindparam("a") if attempt is None else attempt),
+            J.c.lease_owner == (bindparam("o") if owner is None else owner)]
+    if alone:
+        cond += [J.c.has_dependents == false(), J.c.parent_id.is_(None)]
+    return (
+        update(J).where(*cond)
+        .values(state=S.DONE, result=result, error=None, finished_at=db_now(),
+                live_key=None, lease_owner=None, lease_expires=None)
+        .returning(J.c.id, J.c.parent_id, J.c.has_dependents)
+    )
+
+
+
+class Finalizer:
+    """Writes outcomes: the general fenced finalize (finish_detailed) and its one-statement
+    and one-call shortcuts."""
+
+    def __init__(self, settings: Settings, db: Database, settler: Settler,
+                 settle_call: Any = None, on_split: Callable[[], None] | None = None) -> None:
+        self.settings = settings
+        self.db = db
+        self.settler = settler
+        #: the call of the one-call finalize routine, where installed (PostgreSQL)
+        self.settle_call = settle_call
+        #: called when that call split the release of a wide fan-out (see fanout.py)
+        self.on_split = on_split
+        self.J = db.t.jobs
+
+    async def finish(self, conn: AsyncConnection, outcomes: Sequence[Outcome]) -> list[Outcome]:
+        """Apply ``outcomes``, each only if its worker still holds that attempt's lease.
+
+        Returns the outcomes that took effect, as given; the others were fenced out (the
+        lease expired and the job was reclaimed, or it was cancelled) and changed nothing.
+        """
+        took = {(o.job_id, o.attempt) for o in await self.finish_detailed(conn, outcomes)}
+        return [o for o in outcomes if (o.job_id, o.attempt) in took]
+
+    async def finish_fast(
+        self, conn: AsyncConnection, outcomes: Sequence[Outcome]
+    ) -> set[tuple[int, int]]:
+        """Finish ``done`` outcomes of jobs that no edge waits on and no container holds with
+        one fenced UPDATE ... RETURNING per attempt number (usually one): nothing else changes
+        when such a job ends, so this statement alone is the whole finalize and may run in
+        autocommit. Returns the (id, attempt) pairs it finished; the caller sends the rest
+        (fenced out here, or given an edge meanwhile) through finish_detailed().
+
+        Safe against an edge added concurrently: batch.insert_specs sets ``has_dependents``
+        under the upstream's row lock, and an UPDATE that waited for that lock re-checks its
+        WHERE on the new row version (READ COMMITTED), so it then skips the row."""
+        return {(r.id, a) for r, a in await self.finish_plain(conn, outcomes, alone=True)}
+
+    async def finish_plain(
+        self, conn: AsyncConnection, outcomes: Sequence[Outcome], alone: bool
+    ) -> list[tuple[Any, int]]:
+        """Successes without a result, fenced (state, attempt, lease owner) and applied by one
+        UPDATE ... RETURNING per (attempt, owner): no lock-and-read first. ``alone``: only
+        jobs with no parent and no dependents (nothing else to do). Returns (row: id,
+        parent_id, has_dependents as updated, attempt); the row values are those of the
+        version updated, so an edge committed while the UPDATE waited for the row shows."""
+        stmt = self.db.stmt("finish.alone" if alone else "finish.plain",
+                            lambda: plain_stmt(self.db, alone))
+        out: list[tuple[Any, int]] = []
+        for (a, owner), group in _by_attempt(outcomes):
+            assert all(o.result is None for o in group)
+            ids = [o.job_id for o in group]
+            for i in range(0, len(ids), CHUNK):
+                rows = await conn.execute(stmt, {"ids": ids[i : i + CHUNK], "a": a, "o": owner})
+                out += [(r, a) for r in rows]
+        return out
+
+    async def finish_in_one_call(
+        self, conn: AsyncConnection, outcomes: Sequence[Outcome], ask: LeaseAsk | None = None,
+    ) -> set[tuple[int, int]]:
+        """Finish ``done`` outcomes by one call of the server-side routine (PostgreSQL, see
+        dialects/postgresql) per attempt number: the fenced UPDATE (storing the
+        results), then the release of their dependents in a statement of its own (a fresh
+        snapshot, taken while this call holds the finished rows locked), all atomic, so it
+        may run in autocommit. It also activates the containers that this releases and
+        rolls up the containers whose last child this was (and so on up and along the
+        graph), like settle(); it declines (changing nothing) where a child failed or was
+        cancelled (cancellations to propagate), where an activated container holds another
+        container or may be empty: those, and the fenced-out ones, are not in the returned
+        (id, attempt) pairs and go through finish_detailed().
+
+        ``ask``: a claim for the last call to make once it has settled (see LeaseAsk); its
+        ``rows`` are set to what it leased, unless that call declined."""
+        s = self.settings
+        stmt = self.settle_call
+        assert stmt is not None
+        calls: list[tuple[int, dict[str, Any]]] = []
+        for (a, owner), group in _by_attempt(outcomes):
+            for i in range(0, len(group), CHUNK):
+                part = group[i : i + CHUNK]
+                results = [o.result for o in part]
+                calls.append((a, {"ids": [o.job_id for o in part], "a": a, "o": owner,
+                                  "r": json.dumps(results) if any(r is not None for r in results)
+                                  else None, "g": None, "types": None, "n": 0, "lo": None,
+                                  "ttl": None}))
+        if ask is not None and calls:
+            calls[-1][1].update(g=ask.group, types=ask.types, n=ask.n, lo=s.worker_id,
+                                ttl=s.lease_ttl)
+        took: set[tuple[int, int]] = set()
+        for a, params in calls:
+            done, leased, rest = (await conn.execute(stmt, params)).one()
+            took.update((j, a) for j in done or ())
+            if ask is not None and params["n"] and done is not None:
+                ask.rows = leased
+            if rest is not None and self.on_split is not None:
+                self.on_split()
+        return took
+
+    async def finish_detailed(
+        self, conn: AsyncConnection, outcomes: Sequence[Outcome]
+    ) -> list[Outcome]:
+        """``finish()``, returning what actually happened to each applied outcome: ``kind``
+        becomes ``retry`` (with ``retry_in``) or ``failed`` for a failure, ``cancelled`` for
+        a failure that met a cancel request (for hooks and logs)."""
+        J = self.J
+        if not outcomes:
+            return []
+        finished: list[tuple[int, str]] = []
+        hint: dict[int, int | None] = {}
+        leaves: set[int] = set()
+        effective: list[Outcome] = []  # what actually happened, for hooks and logs
+        # Plain successes need none of the lock-and-read below (no retry, cancel or result
+        # to decide): one UPDATE ... RETURNING each where the dialect has it; what settle()
+        # needs comes back with it.
+        plain = [o for o in outcomes if o.kind == "done" and o.result is None]
+        path = self.settler.path
+        got = await path.finish_plain(conn, plain, self.finish_plain) if plain else None
+        if got is not None:
+            took = set()
+            for r, a in got:
+                took.add((r.id, a))
+                finished.append((r.id, S.DONE))
+                hint[r.id] = r.parent_id
+                if not r.has_dependents:
+                    leaves.add(r.id)
+            effective += [o for o in plain if (o.job_id, o.attempt) in took]
+            outcomes = [o for o in outcomes if not (o.kind == "done" and o.result is None)]
+        by_key = {(o.job_id, o.attempt): o for o in outcomes}
+        held: dict[int, Any] = {}
+        ids = sorted({o.job_id for o in outcomes})
+        # parent_id comes with the lock (it never changes), so settle() need not look it up.
+        # Dependents are NOT read here: an edge committed while we waited for the row lock
+        # would be invisible to this statement's snapshot (PostgreSQL, READ COMMITTED).
+        stmts = self.db.stmts
+        lock = stmts.get("finish.lock")
+        if lock is None:
+            lock = stmts["finish.lock"] = self.db.ops.for_update(
+                select(J.c.id, J.c.attempts, J.c.lease_owner, J.c.attempt_limit,
+                       J.c.cancel_requested, J.c.cancelled_by, J.c.parent_id)
+                .where(self.db.ops.in_ids_param(J.c.id, "ids"), J.c.state == lit(S.RUNNING))
+                .order_by(J.c.id)
+            )
+        for i in range(0, len(ids), CHUNK):
+            for r in (await conn.execute(lock, {"ids": ids[i : i + CHUNK]})).all():
+                o = by_key.get((r.id, r.attempts))
+                if o is not None and r.lease_owner == o.owner:
+                    held[r.id] = r
+        applied = [o for o in outcomes if o.job_id in held and held[o.job_id].attempts == o.attempt]
+        released = False
+        done_rows = []
+        now = db_now()
+        cleared = {"lease_owner": None, "lease_expires": None}
+        for o in applied:
+            row = held[o.job_id]
+            kind = o.kind
+            # A cancel requested while the attempt ran wins over a retry or a release (else
+            # the next claim would reset the flag and the cancel would be lost).
+            if kind in ("failed", "released") and row.cancel_requested:
+                kind = "cancelled"
+            retry_in: float | None = None
+            if kind == "done":
+                done_rows.append({"i": o.job_id, "r": o.result})
+            elif kind == "failed":
+                if o.retryable and row.attempts < row.attempt_limit:
+                    delay = backoff(row.attempts, self.settings.retry_backoff,
+                                    self.settings.retry_backoff_max)
+                    kind, retry_in = "retry", delay
+                    await conn.execute(
+                        update(J).where(J.c.id == o.job_id).values(
+                            state=S.SCHEDULED, error=o.error, run_after=utcnow_plus(delay),
+                            **cleared,
+                        )
+                    )
+                else:
+                    await conn.execute(
+                        update(J).where(J.c.id == o.job_id).values(
+                            state=S.FAILED, error=o.error, finished_at=now, live_key=None,
+                            **cleared,
+                        )
+                    )
+                    finished.append((o.job_id, S.FAILED))
+            elif kind == "cancelled":
+                err = o.error or cancel_error(row.cancelled_by)
+                await conn.execute(
+                    update(J).where(J.c.id == o.job_id).values(
+                        state=S.CANCELLED, error=err, finished_at=now, live_key=None, **cleared
+                    )
+                )
+                finished.append((o.job_id, S.CANCELLED))
+            elif kind == "released":
+                # interrupted by shutdown: run again at once, and this attempt does not count
+                await conn.execute(
+                    update(J).where(J.c.id == o.job_id).values(
+                        state=S.READY, attempt_limit=J.c.attempt_limit + 1, **cleared
+                    )
+                )
+                released = True
+            else:  # pragma: no cover - programming error
+                raise ValueError(kind)
+            effective.append(replace(o, kind=kind, retry_in=retry_in))
+        if done_rows:
+            done_vals = dict(state=S.DONE, error=None, finished_at=now, live_key=None, **cleared)
+            # No result (None) is common: those rows share one set-based UPDATE.
+            plain = sorted(r["i"] for r in done_rows if r["r"] is None)
+            rich = [r for r in done_rows if r["r"] is not None]
+            upd = stmts.get("finish.done")
+            if upd is None:
+                upd = update(J).where(self.db.ops.in_ids_param(J.c.id, "ids")).values(
+                    result=None, **done_vals)
+                # Not "RETURNING EXISTS (dependents)": with a skewed deps table (100k jobs
+                # waiting on one) PostgreSQL's generic plan probes it by a sequential scan per
+                # row; settle()'s one id-array look-up stays on the index.
+                stmts["finish.done"] = upd
+            for i in range(0, len(plain), CHUNK):
+                await conn.execute(upd, {"ids": plain[i : i + CHUNK]})
+            if rich:
+                await conn.execute(
+                    update(J).where(J.c.id == bindparam("i")).values(
+                        result=bindparam("r", type_=J.c.result.type), **done_vals
+                    ),
+                    rich,
+                )
+            finished.extend((r["i"], S.DONE) for r in done_rows)
+        if finished:
+            hint.update({i: r.parent_id for i, r in held.items()})
+            await self.settler.settle(conn, finished, hint, leaves)
+        if released:  # another worker may start it at once (not after its poll interval)
+            await self.db.ops.notify(conn)
+        return effective
+
+
+def _by_attempt(
+    outcomes: Iterable[Outcome],
+) -> list[tuple[tuple[int, str], list[Outcome]]]:
+    """Successes grouped by (attempt, owner), each group in job id order (one fenced
+    statement per group; rows locked in id order)."""
+    by: dict[tuple[int, str], list[Outcome]] = defaultdict(list)
+    for o in outcomes:
+        assert o.kind == "done"
+        by[(o.attempt, o.owner)].append(o)
+    return [(k, sorted(g, key=lambda o: o.job_id)) for k, g in sorted(by.items())]

@@ -1,0 +1,228 @@
+"""The worker: the tick loop (wait, budget, round, dispatch) and its side loops.
+
+Side loops (heartbeat, lease guard, outcome flusher, reclaimer, schedules, listener) run in
+the same TaskGroup as the tick loop, so a crash in any of them stops serve() loudly instead
+of silently; database outages are absorbed by ``Database.resilient``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from sqlalchemy import func, select
+
+from .. import schema as S
+from ..claim import Claimed
+from ..core import Core
+from ..executor import run_attempt
+from ..hooks import JobEvent
+from ..limits import local_budget, notify
+from ..periodic import run_schedules
+from ..sql import lit
+from ..timeutil import db_now
+from . import shutdown
+from .leases import Leases, Reclaimer
+from .outcomes import Outcomes
+from .report import jlog
+from .state import Running, WorkerState
+
+
+class Worker:
+    """The serving side of one queue (one per process)."""
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.state = WorkerState()
+        self.outcomes = Outcomes(core, self.state, self._forget)
+        self.round = core.round_kind(core, self.state, self.outcomes)
+        self.outcomes.finalize = self.round.finalize
+        self.leases = Leases(core, self.state, self.outcomes)
+        self.wake = self.state.wake
+        self.claims = 0  # attempts started
+        self._active = 0  # handlers executing now (capacity caps this)
+        self._avg_run: float | None = None  # moving average of handler run time, seconds
+        self._poked = False  # a notification arrived since the last round
+        self._idle_exit = False
+
+    async def serve(self, until_idle: bool = False) -> None:
+        """Run jobs until cancelled (or, ``until_idle``, until nothing is left to run)."""
+        core, state = self.core, self.state
+        db = core.db
+        self._idle_exit = until_idle
+        state.stopping = False
+        state.beat_ok_at = time.monotonic()
+        core.signals.worker = state.wake
+        try:
+            async with asyncio.TaskGroup() as tg:
+                side = [
+                    tg.create_task(self.leases.heartbeat()),
+                    tg.create_task(self.leases.guard()),
+                    tg.create_task(self.outcomes.flusher()),
+                    tg.create_task(db.resilient("reclaim", Reclaimer(core, state.wake).run)),
+                ]
+                if core.schedules and not until_idle:
+                    side.append(tg.create_task(db.resilient(
+                        "periodic", lambda: run_schedules(core.db, core.schedules, core.batch_on))))
+                listener = db.ops.listener(db.engine)
+                if listener is not None and not until_idle:
+                    side.append(tg.create_task(db.resilient(
+                        "listen", lambda: listener.run(self._on_notify))))
+                try:
+                    await self._tick_loop()
+                finally:
+                    await shutdown.drain(core, state, self.outcomes, self.leases)
+                    for t in side:  # side loops end with the tick loop
+                        t.cancel()
+        finally:
+            core.signals.worker = None
+            await shutdown.deregister(core)
+
+    def hurry(self) -> None:
+        """Shutting down: stop waiting for running jobs; cancel and release them now."""
+        shutdown.hurry(self.state)
+
+    async def _tick_loop(self) -> None:
+        """The pump: each round writes the finished attempts (fenced) and leases
+        replacements for the freed slots (plus a short prefetch), so a busy worker pays
+        about one commit per round, not one per claim and one per flush (see rounds.py)."""
+        s, state, out, rnd = self.core.settings, self.state, self.outcomes, self.round
+        types = sorted(self.core.handlers)
+        delay = 0.0
+        out.pumping = True
+        try:
+            while not state.stopping:
+                quick = False
+                if delay:
+                    # Woken from idle by a notification (an enqueue elsewhere): go straight
+                    # for the job (see Claimer.claim(quick=True)).
+                    quick = await self._sleep_or_wake(delay) and self._poked and not out.outbox
+                else:
+                    await asyncio.sleep(0)  # let just-started handlers run: their slots count
+                if state.stopping:
+                    break
+                state.wake.clear()
+                self._poked = False
+                want = s.capacity + rnd.prefetch(self._avg_run) - self._active - len(state.buffer)
+                want = await local_budget(s.local_limits, want)
+                # No new leases while this worker cannot renew the ones it has.
+                if not types or not self.leases.healthy():
+                    want = 0
+                want = max(want, 0)
+                if not want and not out.outbox:
+                    delay = s.poll_interval  # a finishing job sets `wake`
+                    continue
+                ok, got = await rnd.run(want, types, quick)
+                if not ok:
+                    delay = min(max(delay * 2, 0.2), 5.0)
+                    continue
+                if want:
+                    state.backlog = len(got) >= want
+                self._fill()
+                if (self._idle_exit and not got and not state.running and not out.outbox
+                        and not state.buffer and await self._idle(types)):
+                    return
+                # A full claim means more may be waiting, and outcomes that arrived meanwhile
+                # should be written: go again at once (also when the claim left its look
+                # for other groups to the next one).
+                delay = (0.0 if (got and len(got) == want) or out.outbox
+                         or self.core.claimer.census_due else s.poll_interval)
+        finally:
+            out.pumping = False
+
+    # -- dispatch -------------------------------------------------------------------------
+    def _fill(self) -> None:
+        """Start leased jobs while handler slots are free."""
+        state, cap = self.state, self.core.settings.capacity
+        while state.buffer and self._active < cap and not state.stopping:
+            c, leased_at = state.buffer.popleft()
+            self._start(c, leased_at)
+
+    def _start(self, c: Claimed, leased_at: float) -> None:
+        core, state = self.core, self.state
+        old = state.running.get(c.id)
+        if old is not None and not old.task.done():
+            # our earlier attempt was reclaimed (we were too slow to renew) and we claimed the
+            # job again before the heartbeat noticed: the old attempt must not run on
+            state.reasons.setdefault((c.id, old.claimed.attempt), "lost")
+            old.task.cancel()
+        self.claims += 1
+        self._active += 1
+        notify(core.settings.local_limits, "on_start", c.type, c.group)
+        task = asyncio.create_task(self._run(c), name=f"ajq-job-{c.id}")
+        state.running[c.id] = Running(c, task, leased_at)
+        if core.hooks or jlog.isEnabledFor(logging.DEBUG):  # (per job: skip if unread)
+            ev = JobEvent("start", c.id, c.type, c.group, c.attempt, core.settings.worker_id)
+            jlog.debug("job %s (%s) attempt %s started", c.id, c.type, c.attempt,
+                       extra=ev.log_extra())
+            core.hooks.emit(ev)
+
+    async def _run(self, c: Claimed) -> None:
+        t0 = time.monotonic()
+        try:
+            outcome = await run_attempt(self.core, c, self.state.reasons)
+        finally:
+            self._active -= 1
+        took = time.monotonic() - t0
+        avg = self._avg_run
+        self._avg_run = took if avg is None else avg + (took - avg) * 0.1
+        if outcome is None:  # lease lost: another attempt owns the job now
+            self._forget(c)
+        else:
+            r = self.state.running.get(c.id)
+            if r is not None and r.claimed.attempt == c.attempt:
+                r.outcome_queued = True
+            self.outcomes.add(outcome)
+            self.state.wake.set()  # the pump writes it with its next round
+        self._fill()
+
+    def _forget(self, c: Claimed) -> None:
+        state = self.state
+        r = state.running.get(c.id)
+        if r is not None and r.claimed.attempt == c.attempt:
+            del state.running[c.id]
+        state.reasons.pop((c.id, c.attempt), None)
+        notify(self.core.settings.local_limits, "on_finish", c.type, c.group)
+        state.wake.set()
+
+    # -- waiting --------------------------------------------------------------------------
+    async def _sleep_or_wake(self, delay: float) -> bool:
+        """Sleep up to ``delay``; True if woken before it passed."""
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation
+        # that arrives as the wake event fires, and serve() would then never stop.
+        try:
+            async with asyncio.timeout(delay):
+                await self.state.wake.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    def _on_notify(self, _payload: str) -> None:
+        self._poked = True
+        self.state.wake.set()
+
+    async def _idle(self, types: list[str]) -> bool:
+        """Nothing this process can run is runnable and nothing is in flight anywhere."""
+        core = self.core
+        J = core.db.t.jobs
+        # Jobs recorded by a split release are runnable once it is finished: not idle while
+        # one is left (a call releasing it in flight, or one whose worker died: done here).
+        if await core.splits.any_left():
+            await core.splits.rest_releases()
+            return False
+
+        async def check(conn: Any) -> int:
+            n = (await conn.execute(
+                select(func.count()).select_from(J).where(
+                    (J.c.state == lit(S.RUNNING))
+                    | ((J.c.state == lit(S.READY)) & J.c.type.in_(types))
+                    | ((J.c.state == lit(S.SCHEDULED)) & J.c.type.in_(types) & (J.c.attempts > 0))
+                    | ((J.c.state == lit(S.SCHEDULED)) & J.c.type.in_(types)
+                       & (J.c.run_after <= db_now()))
+                )
+            )).scalar_one()
+            return int(n)
+
+        return await core.db.read(check) == 0

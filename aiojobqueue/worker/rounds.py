@@ -1,0 +1,264 @@
+"""One round of the tick loop: write the finished attempts (one fenced finalize) and lease
+jobs for the free slots. How the two share the database is the dialect's choice, made once
+at start (``DialectOps.round_kind``):
+
+* ``SharedRound`` (SQLite): the database runs in this process, so no commit answer can be
+  lost between the two: finalize and claim share one transaction and one commit. One
+  writer at a time: nothing runs beside it, and no lease is taken ahead (prefetch).
+* ``ParallelRound`` (MySQL/MariaDB): the claim runs beside the finalize on another
+  connection when it cannot depend on it (a backlog, or jobs nothing waits on), else
+  right after it, so a DAG's critical path takes one round per step. Never one
+  transaction for both: a round whose commit answer is lost would strand the leases it
+  took until they are released as orphans, bumping those jobs' attempt numbers.
+* ``AutocommitRound`` (PostgreSQL): as ParallelRound, with the statements that are atomic
+  on their own in autocommit (no BEGIN/COMMIT): successes of jobs nothing waits on in one
+  fenced UPDATE, and a claim with no gate to take.
+* ``RoutineRound`` (PostgreSQL with the one-call routine installed): every success is one
+  call of the routine, which also releases and rolls up, and at a DAG step the same call
+  leases the jobs it released (the claim rides along: one round trip less; a lost answer
+  then costs what a lost claim's does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any
+
+from ..claim import Claimed, LeaseAsk
+from ..core import Core
+from ..finalize import Outcome
+from .outcomes import Outcomes
+from .report import log
+from .state import WorkerState
+
+#: Prefetch aims to hold about this many seconds of work ahead of the free slots ...
+PREFETCH_HORIZON = 0.05
+#: ... and never more than this many times its capacity, or PREFETCH_FLOOR jobs if more: a
+#: small worker running very short jobs would otherwise pay a round per handful of jobs.
+PREFETCH_MAX = 2
+PREFETCH_FLOOR = 64
+
+
+class ParallelRound:
+    """Finalize, and claim beside it or right after it (see the module docstring)."""
+
+    def __init__(self, core: Core, state: WorkerState, outcomes: Outcomes) -> None:
+        self.core = core
+        self.state = state
+        self.outcomes = outcomes
+
+    async def run(self, want: int, types: list[str], quick: bool) -> tuple[bool, list[Claimed]]:
+        """One round: write the queued outcomes and lease up to ``want`` jobs of ``types``
+        (the slots the outcomes freed were counted when their handlers returned).
+        (False, got) if a write failed: the outcomes stay queued."""
+        out = self.outcomes
+        claiming: asyncio.Future[list[Claimed] | None] | None = None
+        ask: LeaseAsk | None = None
+        try:
+            async with out.lock:
+                batch = out.take()
+                # With no backlog, a finalize that may release jobs (a dependent, a
+                # container's next child) goes first, so this round's claim already sees
+                # them: a DAG's critical path takes one round per step, not two.
+                if want and (self.state.backlog or all(
+                        self.state.alone(o.job_id, o.attempt) for o in batch)):
+                    claiming = asyncio.ensure_future(self.claim(want, types, quick))
+                if want and batch and claiming is None:
+                    ask = self.ask(want, types, quick)
+                wrote = not batch or await out.write(batch, partial(self.finalize, batch, ask))
+            if ask is not None and ask.rows:
+                return wrote, ask.claimed
+            if want and claiming is None:
+                claiming = asyncio.ensure_future(self.claim(want, types, quick))
+        except asyncio.CancelledError:
+            if claiming is not None:  # its leases reach the buffer, for the drain to release
+                with contextlib.suppress(Exception):
+                    await claiming
+            raise
+        got = await claiming if claiming is not None else []
+        return wrote and got is not None, got or []
+
+    def ask(self, want: int, types: list[str], quick: bool) -> LeaseAsk | None:
+        """A claim for the finalize to make too (see RoutineRound); none here."""
+        return None
+
+    def prefetch(self, avg_run: float | None) -> int:
+        """Extra jobs to lease ahead of free slots: about what this worker starts within
+        PREFETCH_HORIZON at its recent pace, at most PREFETCH_MAX x ``capacity`` (or
+        PREFETCH_FLOOR); only while the last claim came back full (a backlog to run
+        through: a shallow ready set is left to the other workers). None where a global
+        cap, group cap or limit is counted (a prefetched job would hold a scarce slot idle)."""
+        s = self.core.settings
+        if s.needs_gate or s.local_limits or avg_run is None or not self.state.backlog:
+            return 0
+        pace = s.capacity * PREFETCH_HORIZON / max(avg_run, 1e-6)
+        return min(max(PREFETCH_MAX * s.capacity, PREFETCH_FLOOR), int(pace))
+
+    def claim_runner(self) -> Callable[[Callable[[Any], Awaitable[list[Claimed]]]],
+                                       Awaitable[list[Claimed]]]:
+        """How a claim's transaction runs."""
+        return self.core.db.write
+
+    async def claim(self, want: int, types: list[str], quick: bool) -> list[Claimed] | None:
+        """Lease up to ``want`` jobs into the buffer; None if the claim failed (back off)."""
+        core, state = self.core, self.state
+        t0 = time.monotonic()
+        state.claiming = True
+        # Shielded: a shutdown that lands mid-claim lets it finish, so its leases are not
+        # lost (the drain releases what it claimed and did not start).
+        write = asyncio.ensure_future(self.claim_runner()(
+            lambda conn: core.claimer.claim(conn, want, types, quick)))
+        try:
+            try:
+                got = await asyncio.shield(write)
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    state.buffer.extend((c, t0) for c in await write)
+                raise
+            finally:
+                state.claiming = False
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if not core.db.is_outage(exc):
+                raise
+            log.warning("claim failed (%s); backing off", exc,
+                        extra={"worker": core.settings.worker_id})
+            return None
+        state.buffer.extend((c, t0) for c in got)
+        return got
+
+    async def finalize(self, batch: list[Outcome], ask: LeaseAsk | None = None) -> list[Outcome]:
+        """Write ``batch`` in one transaction; returns the outcomes that took effect. Not
+        retried (retries=0: a retry would hide a commit whose answer was lost); a failure
+        leaves the whole batch to be written again, and outcomes that did commit are then
+        recognised as such (see outcomes.py)."""
+        fin = self.core.finalizer
+        return await self.core.db.write(lambda conn: fin.finish_detailed(conn, batch), retries=0)
+
+
+class SharedRound(ParallelRound):
+    """Finalize and claim in one transaction (see the module docstring)."""
+
+    async def run(self, want: int, types: list[str], quick: bool) -> tuple[bool, list[Claimed]]:
+        out = self.outcomes
+        claiming: asyncio.Future[list[Claimed] | None] | None = None
+        try:
+            async with out.lock:
+                batch = out.take()
+                if batch and want:
+                    leased: list[Claimed] = []
+                    wrote = await out.write(batch, partial(
+                        self._finalize_and_claim, batch, want, types, quick, leased))
+                    return wrote, leased
+                wrote = not batch or await out.write(batch, partial(self.finalize, batch, None))
+            if want:
+                claiming = asyncio.ensure_future(self.claim(want, types, quick))
+        except asyncio.CancelledError:
+            if claiming is not None:
+                with contextlib.suppress(Exception):
+                    await claiming
+            raise
+        got = await claiming if claiming is not None else []
+        return wrote and got is not None, got or []
+
+    def prefetch(self, avg_run: float | None) -> int:
+        # One writer at a time: a worker that leases ahead re-takes the write lock round
+        # after round while other processes sit in the busy handler's back-off, so it would
+        # end up hoarding the queue. Rounds stay batched (finalize + claim) without it.
+        return 0
+
+    async def _finalize_and_claim(
+        self, batch: list[Outcome], want: int, types: list[str], quick: bool,
+        got: list[Claimed],
+    ) -> list[Outcome]:
+        """The round in one transaction. The leased jobs go to the buffer (and ``got``)
+        once it has committed."""
+        core, state = self.core, self.state
+        t0 = time.monotonic()
+        taken: list[Claimed] = []
+
+        async def both(conn: Any) -> list[Outcome]:
+            applied = await core.finalizer.finish_detailed(conn, batch)
+            taken[:] = await core.claimer.claim(conn, want, types, quick)
+            return applied
+
+        state.claiming = True
+        try:
+            applied = await core.db.write(both, retries=0)
+        finally:
+            state.claiming = False
+        state.buffer.extend((c, t0) for c in taken)
+        got.extend(taken)
+        return applied
+
+
+class AutocommitRound(ParallelRound):
+    """ParallelRound with the atomic statements in autocommit (see the module docstring)."""
+
+    def claim_runner(self) -> Callable[[Callable[[Any], Awaitable[list[Claimed]]]],
+                                       Awaitable[list[Claimed]]]:
+        # The claim is one pick-and-lease UPDATE per group where no gate is taken and no
+        # limit counted: atomic by itself.
+        s, db = self.core.settings, self.core.db
+        return db.autocommit if not s.needs_gate and not s.db_limits else db.write
+
+    def fast(self, batch: list[Outcome]) -> list[Outcome]:
+        """Successes without a result of jobs nothing waits on (finalize.finish_fast)."""
+        alone = self.state.alone
+        return [o for o in batch if o.kind == "done" and o.result is None
+                and alone(o.job_id, o.attempt)]
+
+    async def finalize(self, batch: list[Outcome], ask: LeaseAsk | None = None) -> list[Outcome]:
+        """The fast successes in one statement (finish_fast: one round trip), the rest, and
+        any of those it skipped, fenced and settled in one transaction."""
+        fast = self.fast(batch)
+        if not fast:
+            return await super().finalize(batch)
+        fin = self.core.finalizer
+        took = await self.core.db.autocommit(lambda conn: fin.finish_fast(conn, fast))
+        return await self._rest(batch, fast, took)
+
+    async def _rest(self, batch: list[Outcome], tried: list[Outcome],
+                    took: set[tuple[int, int]]) -> list[Outcome]:
+        applied = [o for o in tried if (o.job_id, o.attempt) in took]
+        rest = [o for o in batch if (o.job_id, o.attempt) not in took]
+        if rest:
+            applied += await super().finalize(rest)
+        return applied
+
+
+class RoutineRound(AutocommitRound):
+    """Successes by one call of the routine, the claim riding along at a DAG step."""
+
+    def ask(self, want: int, types: list[str], quick: bool) -> LeaseAsk | None:
+        return self.core.claimer.lease_ask(want, types, quick)
+
+    async def finalize(self, batch: list[Outcome], ask: LeaseAsk | None = None) -> list[Outcome]:
+        """Where every success is fast, as AutocommitRound; else all successes by the
+        routine (results to store, a parent or dependents: it does it all), with ``ask``
+        riding along: the jobs it leased go to the buffer (and ``ask.claimed``) at once."""
+        fast = self.fast(batch)
+        done = [o for o in batch if o.kind == "done"]
+        if len(fast) == len(done):
+            return await super().finalize(batch)
+        core, state = self.core, self.state
+        fin = core.finalizer
+        if ask is None:
+            took = await core.db.autocommit(lambda conn: fin.finish_in_one_call(conn, done))
+        else:  # (no claim round runs beside it: see ParallelRound.run)
+            t0 = time.monotonic()
+            state.claiming = True  # its leases are no orphans while it is in flight
+            try:
+                took = await core.db.autocommit(
+                    lambda conn: fin.finish_in_one_call(conn, done, ask=ask))
+            finally:
+                state.claiming = False
+            if ask.rows is not None:
+                ask.claimed = core.claimer.asked_claims(ask)
+                state.buffer.extend((c, t0) for c in ask.claimed)
+        return await self._rest(batch, done, took)
