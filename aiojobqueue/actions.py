@@ -12,7 +12,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from . import schema as S
 from .database import Database
 from .errors import InvalidStateError, JobNotFoundError
-from .settle import CHUNK, Settler, cancel_error
+from .release import CHUNK
+from .settle import Settler, cancel_error
 from .sql import lit
 from .timeutil import db_now
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .actions import Actions
 from .claim import Claimed, Claimer
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .batch import Batch
     from .executor import HandlerSpec, JobContext
     from .periodic import Schedule
+    from .worker.rounds import ParallelRound
 
 
 class Signals:
@@ -70,4 +71,4 @@ class Core:
     #: a batch inserting on the given connection (periodic schedules)
     batch_on: Callable[[AsyncConnection], Batch]
     #: the dialect's round strategy class for this database (see worker/rounds.py)
-    round_kind: Any
+    round_kind: type[ParallelRound]

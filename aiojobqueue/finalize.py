@@ -18,8 +18,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from . import schema as S
 from .database import Database
 from .policy import backoff
+from .release import CHUNK, IdsMatch
 from .settings import Settings
-from .settle import CHUNK, IdsMatch, Settler, cancel_error
+from .settle import Settler, cancel_error
 from .sql import lit
 from .timeutil import db_now, utcnow_plus
 

@@ -16,8 +16,8 @@ from .claim import lease_values, pick_and_lease_stmt
 from .database import Database
 from .errors import SchemaError
 from .finalize import plain_stmt
+from .release import drop_deps_stmt, drop_kids_stmt, drop_one_stmt
 from .schema import ACTIVE, CONTAINER, CREDIT, SCHEMA_VERSION, WAITING, v2_indexes
-from .settle import drop_deps_stmt, drop_kids_stmt, drop_one_stmt
 
 log = logging.getLogger("aiojobqueue.migrate")
 

@@ -48,7 +48,9 @@ class _Setting(Generic[V]):
         self.name = name
 
     def __get__(self, q: JobQueue | None, owner: type) -> V:
-        return getattr(q._settings, self.name)  # type: ignore[union-attr, no-any-return]
+        if q is None:  # on the class (introspection): the descriptor itself
+            return self  # type: ignore[return-value]
+        return getattr(q._settings, self.name)  # type: ignore[no-any-return]
 
     def __set__(self, q: JobQueue, value: V) -> None:
         if q._core is not None:
@@ -211,6 +213,7 @@ class JobQueue:
             await (upgrade(db) if migrate else check(db))
             routines = await install_routines(db, create=migrate)
         except BaseException:
+            await ops.release()
             await self.close()
             raise
         signals = Signals()
@@ -245,6 +248,7 @@ class JobQueue:
 
     @property
     def engine(self) -> AsyncEngine:
+        """The started queue's engine (raises ConfigurationError before ``start()``)."""
         if self._engine is None:
             raise ConfigurationError("the queue is not started: use `async with queue:` first")
         return self._engine

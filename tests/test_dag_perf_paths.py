@@ -18,7 +18,8 @@ from aiojobqueue import JobQueue, JobState
 from aiojobqueue.claim import Claimed, PickThenLease
 from aiojobqueue.finalize import Outcome
 from aiojobqueue.migrate import routine_spec
-from aiojobqueue.settle import LockedWrites, Settler, drop_deps_stmt, drop_one_stmt
+from aiojobqueue.release import LockedWrites, drop_deps_stmt, drop_one_stmt
+from aiojobqueue.settle import Settler
 
 
 async def claim_now(q: JobQueue, want: int = 100) -> list[Claimed]:

@@ -27,7 +27,7 @@ from aiojobqueue import DependencyCycleError, JobQueue
 from aiojobqueue.claim import Claimed
 from aiojobqueue.core import Core
 from aiojobqueue.finalize import Outcome
-from aiojobqueue.settle import ReturningWrites
+from aiojobqueue.release import ReturningWrites
 
 PG_ONLY = pytest.mark.parametrize("db", ["postgresql"], indirect=True)
 N = 30  # jobs and containers per DAG

@@ -22,8 +22,9 @@ from ..schema import Tables
 if TYPE_CHECKING:
     from ..claim import LeasePath
     from ..database import Database
+    from ..release import WritePath
     from ..settings import Settings
-    from ..settle import WritePath
+    from ..worker.rounds import ParallelRound
 
 WakeCallback = Callable[[str], None]
 
@@ -100,7 +101,7 @@ class DialectOps(ABC):
         return url
 
     # -- the objects the core runs this database's way ------------------------------------
-    def round_kind(self, routines: bool) -> Any:
+    def round_kind(self, routines: bool) -> type[ParallelRound]:
         """The tick loop's round strategy class (see worker/rounds.py); ``routines``: the
         one-call finalize routines are installed."""
         from ..worker.rounds import ParallelRound
@@ -116,7 +117,7 @@ class DialectOps(ABC):
     def write_path(self, db: Database, release_call: Any = None) -> WritePath:
         """How finalize and settle change rows (see settle.py); ``release_call``: the
         release routine's call, where installed."""
-        from ..settle import ReturningWrites
+        from ..release import ReturningWrites
 
         return ReturningWrites(db, release_call)
 

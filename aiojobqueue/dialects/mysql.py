@@ -33,8 +33,8 @@ from .base import (
 if TYPE_CHECKING:
     from ..claim import LeasePath
     from ..database import Database
+    from ..release import WritePath
     from ..settings import Settings
-    from ..settle import WritePath
 
 # deadlock, lock wait timeout, snapshot conflict, server gone / lost / unreachable
 _TRANSIENT = {1213, 1205, 1020, 2006, 2013, 2003, 1927, 4031}
@@ -61,7 +61,7 @@ class MySQLOps(DialectOps):
         return PickThenLease(db, settings)
 
     def write_path(self, db: Database, release_call: Any = None) -> WritePath:
-        from ..settle import LockedWrites
+        from ..release import LockedWrites
 
         return LockedWrites(db)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import CTE, Engine, Select, create_engine, event
 from sqlalchemy.dialects.sqlite import insert as lite_insert
@@ -29,6 +29,9 @@ from .base import (
     varying_fields,
 )
 from .columns import _EPOCH
+
+if TYPE_CHECKING:
+    from ..worker.rounds import ParallelRound
 
 BUSY_TIMEOUT_MS = 30_000
 #: How often an idle worker looks for commits made by other connections.
@@ -62,7 +65,7 @@ def _hook(engine: Engine) -> Engine:
 class SQLiteOps(DialectOps):
     name = "sqlite"
 
-    def round_kind(self, routines: bool) -> Any:
+    def round_kind(self, routines: bool) -> type[ParallelRound]:
         # The database runs in this process, one writer at a time: a round's finalize and
         # claim share one transaction (see worker/rounds.py).
         from ..worker.rounds import SharedRound

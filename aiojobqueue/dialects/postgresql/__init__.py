@@ -6,7 +6,7 @@ insert (insert.py)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import CTE, BigInteger, Select, Text, any_, bindparam, cast, func, literal, select
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
@@ -19,6 +19,9 @@ from . import routines
 from .insert import PgInsert, PgInsertPath
 from .listener import PgListener
 
+if TYPE_CHECKING:
+    from ...worker.rounds import ParallelRound
+
 # deadlock, serialization failure, lock timeout, admin shutdown, cannot connect now
 _TRANSIENT = {"40P01", "40001", "55P03", "57P01", "57P02", "57P03", "08000", "08003", "08006"}
 
@@ -26,7 +29,7 @@ _TRANSIENT = {"40P01", "40001", "55P03", "57P01", "57P02", "57P03", "08000", "08
 class PostgresOps(PgInsert, DialectOps):
     name = "postgresql"
 
-    def round_kind(self, routines: bool) -> Any:
+    def round_kind(self, routines: bool) -> type[ParallelRound]:
         # Atomic statements in autocommit; with the routines, a success is one call that
         # settles too, the claim riding along at a DAG step (see worker/rounds.py).
         from ...worker.rounds import AutocommitRound, RoutineRound
