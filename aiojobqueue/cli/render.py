@@ -1,6 +1,6 @@
 """How the commands look: Rich tables, panels and trees built from ``aiojobqueue.admin``
-data. Pure functions of plain data (no database, no printing), so a new command or the
-dashboard can reuse them and tests can call them directly."""
+data. Pure functions of plain data (no database, no printing), so new commands reuse them
+and tests call them directly."""
 
 from __future__ import annotations
 
