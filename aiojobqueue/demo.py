@@ -237,19 +237,28 @@ async def run_demo(
         await enqueue_dag(q, run)
         run.started = time.monotonic()
         worker = asyncio.create_task(q.run_until_idle())
-        st: admin.Status | None = None
-        view = Live(render(run, st, console.width), console=console, refresh_per_second=8,
-                    transient=False) if live else None
-        with view if view is not None else contextlib.nullcontext():
-            while not worker.done():
+        try:
+            st: admin.Status | None = None
+            view = Live(render(run, st, console.width), console=console, refresh_per_second=8,
+                        transient=False) if live else None
+            with view if view is not None else contextlib.nullcontext():
+                while not worker.done():
+                    st = await admin.status(q)
+                    observe(run, st)
+                    if view is not None:
+                        view.update(render(run, st, console.width))
+                    await asyncio.wait({worker}, timeout=0.25)
                 st = await admin.status(q)
-                observe(run, st)
                 if view is not None:
                     view.update(render(run, st, console.width))
-                await asyncio.wait({worker}, timeout=0.25)
-            st = await admin.status(q)
-            if view is not None:
-                view.update(render(run, st, console.width))
+        finally:
+            # Ctrl-C cancels this task, not the worker's: stop the worker while the queue is
+            # still open, so it shuts down gracefully (running jobs finish or are released,
+            # and it leaves the worker registry) instead of dying with the event loop.
+            if not worker.done():
+                worker.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await worker
         await worker  # re-raise a worker crash
         run.elapsed = time.monotonic() - run.started
         ids = [i for v in run.ids.values() for i in v]

@@ -19,9 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select
-
-from aiojobqueue import JobContext, JobQueue
+from aiojobqueue import JobContext, JobQueue, admin
 
 GROUPS = {"big": 3, "small": 1, "late": 1}
 COLORS = {"big": "#3b6fb6", "small": "#e1812c", "late": "#3a923a"}
@@ -41,19 +39,14 @@ async def load(queue: JobQueue) -> None:
 
 
 async def sample(queue: JobQueue, t0: float, seconds: float) -> list[dict[str, Any]]:
-    J = queue._t.jobs
     out = []
     while time.monotonic() - t0 < seconds:
-        rows = await queue._read(lambda c: c.execute(
-            select(J.c.group_key, J.c.state, func.count())
-            .where(J.c.state.in_(["ready", "running"])).group_by(J.c.group_key, J.c.state)))
-        snap: dict[str, Any] = {"t": time.monotonic() - t0, "running": {}, "waiting": set()}
-        for g, state, n in rows:
-            if state == "running":
-                snap["running"][g] = n
-            else:
-                snap["waiting"].add(g)
-        out.append(snap)
+        st = await admin.status(queue)  # what `aiojobqueue status` shows, read from the database
+        out.append({
+            "t": time.monotonic() - t0,
+            "running": {g.group: g.count("running") for g in st.groups if g.count("running")},
+            "waiting": {g.group for g in st.groups if g.count("ready")},
+        })
         await asyncio.sleep(0.1)
     return out
 

@@ -2,7 +2,7 @@
 
 Run it (SQLite file by default; any URL works):
 
-    pip install -e ".[dev]"            # fastapi + uvicorn come with the dev extra
+    pip install aiojobqueue fastapi uvicorn     # or, in a clone: pip install -e . fastapi uvicorn
     AIOJOBQUEUE_URL=sqlite+aiosqlite:///app.db uvicorn examples.fastapi_app:app
 
     curl -X POST localhost:8000/jobs -H 'content-type: application/json' \\
@@ -76,9 +76,13 @@ class NewAlbum(BaseModel):
     width: int = 200
 
 
+#: The job types HTTP clients may enqueue directly (``zip`` only makes sense inside an album).
+PUBLIC_TYPES = frozenset({"resize"})
+
+
 @app.post("/jobs", status_code=201)
 async def enqueue(body: NewJob) -> dict[str, int]:
-    if body.type not in queue._handlers:
+    if body.type not in PUBLIC_TYPES:
         raise HTTPException(400, f"unknown job type {body.type!r}")
     try:
         job_id = await queue.enqueue(body.type, body.args, group=body.group, key=body.key)

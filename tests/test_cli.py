@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -178,8 +179,12 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
     assert cli("migrate", "--url", url).returncode == 0
     p = cli("jobs", "--state", "bogus", "--url", url)
     one_line_error(p, 2, "unknown state 'bogus'")
-    for args in (["worker", "nosuchmodule:queue"], ["worker", "os:path"], ["worker", "noattr"],
-                 ["nosuchcommand"], ["show", "notanumber"]):
+    for args, starts in ((["worker", "nosuchmodule:queue"], "cannot import 'nosuchmodule'"),
+                         (["worker", "os:path"], "os:path is a module, not a JobQueue"),
+                         (["worker", "os:nothing"], "module 'os' has no attribute 'nothing'"),
+                         (["worker", "noattr"], "expected MODULE:QUEUE")):
+        one_line_error(cli(*args, cwd=tmp_path), 2, starts)
+    for args in (["nosuchcommand"], ["show", "notanumber"]):
         p = cli(*args, cwd=tmp_path)
         assert p.returncode == 2 and "Traceback" not in p.stderr, (args, p.stderr)
     assert cli("--version").stdout.startswith("aiojobqueue ")
@@ -236,3 +241,91 @@ async def test_worker_command_runs_jobs_on_several_processes(prefix: str) -> Non
                 p.wait()
         await q.close()
         await drop_tables(url, prefix)
+
+
+def test_worker_whose_module_fails_to_import_is_a_one_line_usage_error(tmp_path: Path) -> None:
+    # FastAPI "not installed": a package on the path in front of the real one that fails
+    # the way a missing one does, so the real example module is what gets imported.
+    shadow = tmp_path / "shadow" / "fastapi"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'fastapi'\", name='fastapi')\n")
+    path = [str(shadow.parent), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    env = {"PYTHONPATH": os.pathsep.join(p for p in path if p)}
+    one_line_error(cli("worker", "examples.fastapi_app:queue", env=env), 2,
+                   "cannot import 'examples.fastapi_app': it imports 'fastapi', which is not "
+                   "installed")
+    # a module that raises while it runs: its error in one line, and how to see more
+    (tmp_path / "broken_jobs.py").write_text("raise RuntimeError('no config for tenant x')\n")
+    p = cli("worker", "broken_jobs:queue", cwd=tmp_path)
+    one_line_error(p, 2, "cannot import 'broken_jobs': RuntimeError: no config for tenant x")
+    assert "python -c 'import broken_jobs'" in p.stderr
+
+
+def test_times_read_as_ago_or_in() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from aiojobqueue.cli.render import ago, when
+
+    now = datetime(2026, 12, 1, 21, 0, 0, tzinfo=UTC)
+    assert when(now + timedelta(minutes=59, seconds=39), now) == \
+        "2026-12-01 21:59:39 (in 59m39s)"
+    assert when(now - timedelta(seconds=4.2), now) == "2026-12-01 20:59:55 (4.2s ago)"
+    assert when(now, now) == "2026-12-01 21:00:00 (0.0s ago)"
+    assert when(None, now) == "-" and when(now) == "2026-12-01 21:00:00"
+    assert [ago(s) for s in (-3579.4, 42, 7300, 200000)] == ["59m39s", "42s", "2h01m", "2d07h"]
+
+
+async def test_show_tells_when_a_scheduled_job_will_run(
+    queue: JobQueue, db_url: str, prefix: str
+) -> None:
+    from datetime import timedelta
+
+    jid = await queue.enqueue("later", run_after=timedelta(hours=1))
+    assert (await queue.get(jid)).state == JobState.SCHEDULED
+    p = await acli("show", str(jid), env={"AIOJOBQUEUE_URL": db_url,
+                                          "AIOJOBQUEUE_PREFIX": prefix})
+    assert p.returncode == 0, p.stderr
+    (line,) = [ln for ln in p.stdout.splitlines() if "run after" in ln]
+    assert re.search(r"run after\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \(in (59m\d\ds|1h00m)\)",
+                     line), line
+    assert "ago" not in line and "-" not in line.split("(")[1], line
+    (created,) = [ln for ln in p.stdout.splitlines() if "created" in ln]
+    assert re.search(r"\(\d+(\.\d)?s ago\)", created), created
+
+
+async def test_interrupted_demo_leaves_no_job_running_and_no_live_worker(
+    db_url: str, prefix: str, make_queue: Any
+) -> None:
+    """Ctrl-C (SIGINT) in the middle of the demo: it shuts its worker down gracefully."""
+    from aiojobqueue import admin
+
+    env = {"AIOJOBQUEUE_URL": db_url, "AIOJOBQUEUE_PREFIX": prefix}
+    assert (await acli("migrate", env=env)).returncode == 0
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AIOJOBQUEUE_")}
+    demo = subprocess.Popen(  # noqa: ASYNC220 - returns at once
+        [sys.executable, "-m", "aiojobqueue", "demo", "--url", db_url, "--prefix", prefix,
+         "--speed", "0.5", "--json"], cwd=ROOT, env=base, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    q: JobQueue = make_queue()
+    try:
+        async with q:
+            async def busy() -> bool:
+                assert demo.poll() is None, demo.communicate()
+                st = await admin.status(q)
+                return st.totals.get("running", 0) > 0 and len(st.workers) == 1
+
+            await eventually(busy, timeout=60, every=0.1)
+            demo.send_signal(signal.SIGINT)
+            out, err = await asyncio.to_thread(demo.communicate, timeout=60)
+            assert demo.returncode == 130, (out, err)
+            assert "interrupted" in err and "Traceback" not in err, err
+            st = await admin.status(q)
+            assert "running" not in st.totals, st.totals
+            assert st.workers == [] and st.stale_workers == 0  # it left the registry
+            assert st.totals.get("done", 0) < 69  # it was stopped, not run to the end
+            assert not [j for j in await admin.list_jobs(q, limit=1000) if j.lease_owner]
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
