@@ -93,7 +93,7 @@ def migrate(
 
     async def go() -> int:
         async with opened(url, prefix, migrate=not check, must_exist=check) as q:
-            return await current_version(q) or 0
+            return await current_version(q._started().db) or 0
 
     found = run(url, go)  # with --check, a stale schema raised SchemaError (exit 4)
     where = escape(safe_url(url))
