@@ -81,7 +81,8 @@ class Count:
         return {"n": self.n, "capped": self.capped}
 
 
-def _count(n: int, cap: int = CAP) -> Count:
+def _count(n: int, cap: int | None = None) -> Count:
+    cap = CAP if cap is None else cap
     return Count(min(n, cap), n > cap)
 
 
@@ -309,9 +310,9 @@ class Data:
         )
         return tuple(await self._read(lambda c: _first(c, stmt)))
 
-    def _capped(self, state: str, *where: Any, cap: int = CAP) -> Any:
+    def _capped(self, state: str, *where: Any) -> Any:
         J = self.t.jobs
-        inner = select(literal(1).label("x")).where(J.c.state == lit(state), *where).limit(cap + 1)
+        inner = select(literal(1).label("x")).where(J.c.state == lit(state), *where).limit(CAP + 1)
         return select(func.count()).select_from(inner.subquery()).scalar_subquery()
 
     # -- overview ---------------------------------------------------------------------------
