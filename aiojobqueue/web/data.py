@@ -23,7 +23,7 @@ from ..errors import InvalidJobError, InvalidStateError, JobNotFoundError
 from ..limits import RateLimit
 from ..models import Job, JobState
 from ..policy import GroupDemand, fair_share
-from ..timeutil import UTCDateTime, db_now
+from ..timeutil import UTCDateTime, db_now, utcnow_plus
 
 if TYPE_CHECKING:
     from ..queue import JobQueue
@@ -439,7 +439,7 @@ class Data:
                 out.append(Gauge(type(lim).__name__, 0, None, "a custom limit (in-process)"))
                 continue
             used = await conn.scalar(select(func.count()).select_from(R).where(
-                R.c.name == lim.name, R.c.at > db_now() - timedelta(seconds=lim.per)))
+                R.c.name == lim.name, R.c.at > utcnow_plus(-lim.per)))
             out.append(Gauge(f"rate {lim.name}", int(used or 0), lim.n,
                              f"starts in the last {lim.per:g} s"))
         return out
@@ -615,31 +615,40 @@ class Data:
                     break
                 root = got[0]
             hidden: dict[int, dict[str, int]] = {}
+            expanded: set[int] = set()
+
+            async def expand(level: list[int]) -> None:
+                """Containers' content, level by level, a bounded slice per container."""
+                while level and len(nodes) < DAG_FETCH:
+                    nxt: list[int] = []
+                    for cid in level:
+                        if cid in expanded:
+                            continue
+                        expanded.add(cid)
+                        kids = (await conn.execute(
+                            select(*cols).where(J.c.parent_id == cid).order_by(J.c.id)
+                            .limit(DAG_CHILDREN + 1))).all()
+                        for r in kids[:DAG_CHILDREN]:
+                            if r.id not in nodes:
+                                nodes[r.id] = Node(r.id, r.type, r.kind, r.state, r.parent_id,
+                                                   r.group_key)
+                            if r.kind == S.CONTAINER:
+                                nxt.append(r.id)
+                        if len(kids) > DAG_CHILDREN:
+                            hidden[cid] = await self._hidden(
+                                conn, cid, [r.id for r in kids[:DAG_CHILDREN]])
+                    level = nxt
+
             truncated = False
-            # The root container's content, level by level, a bounded slice per container.
-            level = [root.id] if root.kind == S.CONTAINER else []
-            while level and len(nodes) < DAG_FETCH:
-                nxt: list[int] = []
-                for cid in level:
-                    kids = (await conn.execute(
-                        select(*cols).where(J.c.parent_id == cid).order_by(J.c.id)
-                        .limit(DAG_CHILDREN + 1))).all()
-                    for r in kids[:DAG_CHILDREN]:
-                        if r.id not in nodes:
-                            nodes[r.id] = Node(r.id, r.type, r.kind, r.state, r.parent_id,
-                                               r.group_key)
-                        if r.kind == S.CONTAINER:
-                            nxt.append(r.id)
-                    if len(kids) > DAG_CHILDREN:
-                        hidden[cid] = await self._hidden(conn, cid, [r.id for r in
-                                                                     kids[:DAG_CHILDREN]])
-                level = nxt
+            await expand([root.id] if root.kind == S.CONTAINER else [])
             # The focus job's closures over dependency edges (recursive CTEs, bounded).
             for ids in (await self._closure(conn, job_id, up=True),
                         await self._closure(conn, job_id, up=False)):
                 if len(ids) >= DAG_FETCH:
                     truncated = True
                 await fetch(ids[: max(DAG_FETCH - len(nodes), 0)])
+            # ... and the content of the containers among them
+            await expand(sorted(n.id for n in nodes.values() if n.kind == S.CONTAINER))
             # Containers of everything fetched, so each is drawn inside its box.
             missing = {n.parent_id for n in nodes.values()} - nodes.keys() - {None}
             rounds = 0

@@ -104,7 +104,7 @@ async def test_access_none_is_403_everywhere(make_queue: Callable[..., JobQueue]
     q = await failing_queue(make_queue)
     dag = await small_dag(q)
     async with client(q, level=None) as c:
-        for page in PAGES + ["/events"]:
+        for page in [*PAGES, "/events"]:
             assert (await c.get(page.format(**ids(dag)))).status_code == 403, page
         for action in ACTIONS:
             r = await c.post(action.format(**ids(dag)), headers=SAME, data={"confirm": "yes"})
