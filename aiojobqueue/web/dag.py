@@ -10,6 +10,7 @@ so a fan-out of hundreds stays readable.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -22,8 +23,9 @@ from .data import DAG_DRAW, Graph, Node
 NODE_W, NODE_H = 168, 30
 H_GAP, V_GAP = 46, 10
 PAD, HEAD = 12, 22
-#: Nodes per column before a layer wraps into another column.
+#: Nodes per column at least before a layer wraps into another column.
 COLUMN = 14
+WRAP_GAP = 14
 SUMMARY = -1  # summary boxes get negative ids: -(container id)
 
 
@@ -72,6 +74,10 @@ def nearest(graph: Graph, limit: int = DAG_DRAW) -> set[int]:
             if m not in seen:
                 seen.add(m)
                 todo.append(m)
+    for n in sorted(graph.nodes):  # what no edge reaches (fetched all the same)
+        if len(keep) >= limit:
+            break
+        keep.add(n)
     for n in list(keep):  # ancestors, so boxes enclose what they contain
         p = graph.nodes[n].parent_id
         while p is not None and p in graph.nodes and p not in keep:
@@ -168,13 +174,15 @@ def layout(graph: Graph) -> Layout:
         x = 0.0
         height = 0.0
         col_dims = []
-        for col in columns:
+        for col, cont in columns:
+            if cont:  # the next column of one wrapped layer sits closer
+                x -= H_GAP - WRAP_GAP
             cw = max(size[m][0] for m in col)
             ch = sum(size[m][1] for m in col) + V_GAP * (len(col) - 1)
             col_dims.append((x, cw, ch))
             height = max(height, ch)
             x += cw + H_GAP
-        for col, (cx, _cw, ch) in zip(columns, col_dims, strict=True):
+        for (col, _cont), (cx, _cw, ch) in zip(columns, col_dims, strict=True):
             y = (height - ch) / 2
             for m in col:
                 w, h = size[m]
@@ -200,31 +208,47 @@ def layout(graph: Graph) -> Layout:
 
 def _layers(members: list[int], succ: dict[int, set[int]],
             pred: dict[int, set[int]]) -> dict[int, int]:
-    """Longest-path layering (Kahn's order); anything left by a cycle goes last."""
-    indeg = {m: len(pred[m]) for m in members}
+    """Longest-path layering. Lifting edges to one level can close a cycle the queue allows
+    (a job depends on one child of a box, another child on it): the edges that close one
+    are dropped here (drawn against the flow) so the rest stay left to right."""
+    succ = {m: set(succ.get(m, ())) for m in members}
+    state: dict[int, int] = {}
+    for root in members:  # iterative DFS: drop back edges
+        if root in state:
+            continue
+        state[root] = 1
+        stack = [(root, iter(sorted(succ[root])))]
+        while stack:
+            m, it = stack[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                state[m] = 2
+                stack.pop()
+            elif state.get(nxt) == 1:
+                succ[m].discard(nxt)
+            elif nxt not in state:
+                state[nxt] = 1
+                stack.append((nxt, iter(sorted(succ[nxt]))))
+    indeg = dict.fromkeys(members, 0)
+    for m in members:
+        for t in succ[m]:
+            indeg[t] += 1
     layer = dict.fromkeys(members, 0)
     todo = deque(m for m in members if indeg[m] == 0)
-    done = 0
     while todo:
         m = todo.popleft()
-        done += 1
-        for s in sorted(succ[m]):
-            layer[s] = max(layer[s], layer[m] + 1)
-            indeg[s] -= 1
-            if indeg[s] == 0:
-                todo.append(s)
-    if done < len(members):  # pragma: no cover - the queue refuses cycles
-        top = max(layer.values(), default=0) + 1
-        for m in members:
-            if indeg[m] > 0:
-                layer[m] = top
+        for t in sorted(succ[m]):
+            layer[t] = max(layer[t], layer[m] + 1)
+            indeg[t] -= 1
+            if indeg[t] == 0:
+                todo.append(t)
     return layer
 
 
 def _order(members: list[int], layer: dict[int, int], pred: dict[int, set[int]],
-           succ: dict[int, set[int]]) -> list[list[int]]:
+           succ: dict[int, set[int]]) -> list[tuple[list[int], bool]]:
     """Order each layer by the barycentre of its neighbours (a few sweeps each way), then
-    wrap long layers into columns of COLUMN nodes."""
+    wrap long layers into columns; each column comes with whether it continues a layer."""
     n_layers = max(layer.values(), default=0) + 1
     layers: list[list[int]] = [[] for _ in range(n_layers)]
     for m in sorted(members):
@@ -242,11 +266,13 @@ def _order(members: list[int], layer: dict[int, int], pred: dict[int, set[int]],
             layers[i].sort(key=lambda m: (bary(m), m))
             for k, m in enumerate(layers[i]):
                 pos[m] = float(k)
-    columns: list[list[int]] = []
+    columns: list[tuple[list[int], bool]] = []
     for lay in layers:
-        for k in range(0, len(lay), COLUMN):
-            columns.append(lay[k : k + COLUMN])
-    return [c for c in columns if c]
+        # a wide layer becomes a roughly square block of columns (no edges run between them)
+        per = max(COLUMN, math.ceil(math.sqrt(len(lay) * (NODE_W + WRAP_GAP) / (NODE_H + V_GAP))))
+        for k in range(0, len(lay), per):
+            columns.append((lay[k : k + per], k > 0))
+    return [c for c in columns if c[0]]
 
 
 # -- SVG ------------------------------------------------------------------------------------
