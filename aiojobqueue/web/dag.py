@@ -20,8 +20,8 @@ from markupsafe import Markup, escape
 from .. import schema as S
 from .data import DAG_DRAW, Graph, Node
 
-NODE_W, NODE_H = 168, 30
-H_GAP, V_GAP = 46, 10
+NODE_W, NODE_H = 150, 30
+H_GAP, V_GAP = 40, 10
 PAD, HEAD = 12, 22
 #: Nodes per column at least before a layer wraps into another column.
 COLUMN = 14
@@ -282,11 +282,13 @@ def svg(graph: Graph, lay: Layout, job_url: str) -> Markup:
         f'<svg xmlns="http://www.w3.org/2000/svg" class="dag" width="{lay.width:.0f}" '
         f'height="{lay.height:.0f}" viewBox="0 0 {lay.width:.0f} {lay.height:.0f}" '
         'role="img" aria-label="job DAG">',
-        '<defs><marker id="arrow" viewBox="0 0 8 8" refX="8" refY="4" markerWidth="7" '
-        'markerHeight="7" orient="auto-start-reverse"><path d="M0,0 L8,4 L0,8 z"/></marker>'
-        '<marker id="arrow-hot" viewBox="0 0 8 8" refX="8" refY="4" markerWidth="7" '
-        'markerHeight="7" orient="auto-start-reverse"><path d="M0,0 L8,4 L0,8 z"/></marker>'
-        '</defs>',
+        # arrow heads in user units: the same size on thin and highlighted edges
+        '<defs><marker id="arrow" viewBox="0 0 8 8" refX="8" refY="4" markerWidth="8" '
+        'markerHeight="8" markerUnits="userSpaceOnUse" orient="auto-start-reverse">'
+        '<path d="M0,0 L8,4 L0,8 z"/></marker>'
+        '<marker id="arrow-hot" viewBox="0 0 8 8" refX="8" refY="4" markerWidth="9" '
+        'markerHeight="9" markerUnits="userSpaceOnUse" orient="auto-start-reverse">'
+        '<path d="M0,0 L8,4 L0,8 z"/></marker></defs>',
     ]
     containers = sorted((b for b in lay.boxes.values()
                          if b.id > 0 and graph.nodes[b.id].kind == S.CONTAINER),
@@ -349,7 +351,7 @@ def _cls(n: Node, focus: int, lay: Layout) -> str:
 
 def _label(n: Node) -> str:
     text = f"#{n.id} {n.type}"
-    return text if len(text) <= 22 else text[:21] + "…"
+    return text if len(text) <= 20 else text[:19] + "…"
 
 
 def _title(n: Node) -> str:

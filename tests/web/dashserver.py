@@ -16,7 +16,7 @@ from aiojobqueue.web import dashboard
 
 async def main(url: str, prefix: str, port: int, level: str) -> None:
     queue = JobQueue(url, prefix=prefix, concurrency=8, limits=[RateLimit(120, per=60.0)],
-                     group_limits={"tenant-b": 3})
+                     group_limits={"tenant-b": 3, "initech": 2})
     await queue.start(migrate=False)  # the test made the tables; a dashboard writes none
     try:
         app = dashboard(queue, access=lambda request: level)
