@@ -9,13 +9,14 @@ Writes go through the public ``JobQueue.retry`` / ``JobQueue.cancel`` only (see 
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import Text, case, cast, func, literal, literal_column, select
+from sqlalchemy import Text, bindparam, case, cast, func, literal, literal_column, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .. import schema as S
@@ -287,6 +288,16 @@ class Data:
     def __init__(self, queue: JobQueue) -> None:
         self.q = queue
         self.t = S.build_tables(queue.prefix)
+        # Statements built once per shape, values bound per call: SQLAlchemy then reuses
+        # their cache keys and compiled forms (building the wide ones costs more than
+        # running them on small tables).
+        self._stmts: dict[Any, Any] = {}
+
+    def _stmt(self, key: Any, build: Callable[[], Any]) -> Any:
+        got = self._stmts.get(key)
+        if got is None:
+            got = self._stmts[key] = build()
+        return got
 
     async def _read(self, fn: Callable[[AsyncConnection], Awaitable[T]]) -> T:
         async with self.q.engine.connect() as conn:
@@ -376,8 +387,13 @@ class Data:
             return
         for i in range(0, len(names), 50):
             part = names[i : i + 50]
-            probes: list[Any] = [self._capped(state, J.c.group_key == g) for g in part]
-            row = await _first(conn, select(*probes))
+            def build(state: str = state, k: int = len(part)) -> Any:
+                probes: list[Any] = [self._capped(state, J.c.group_key == bindparam(f"g{i}"))
+                                     for i in range(k)]
+                return select(*probes)
+
+            stmt = self._stmt(("count", state, len(part), CAP), build)
+            row = await _first(conn, stmt, {f"g{i}": g for i, g in enumerate(part)})
             for g, n in zip(part, row, strict=True):
                 per[g][state] = _count(int(n))
 
@@ -390,11 +406,15 @@ class Data:
         ready = [g for g in groups if per[g][S.READY].n]
         for i in range(0, len(ready), 50):
             part = ready[i : i + 50]
-            tops: list[Any] = [
-                select(J.c.weight).where(J.c.state == lit(S.READY), J.c.group_key == g,
-                                         J.c.weight > 1)
-                .order_by(J.c.weight.desc()).limit(1).scalar_subquery() for g in part]
-            row = await _first(conn, select(*tops))
+            def build(k: int = len(part)) -> Any:
+                tops: list[Any] = [
+                    select(J.c.weight).where(J.c.state == lit(S.READY),
+                                             J.c.group_key == bindparam(f"g{i}"), J.c.weight > 1)
+                    .order_by(J.c.weight.desc()).limit(1).scalar_subquery() for i in range(k)]
+                return select(*tops)
+
+            stmt = self._stmt(("weight", len(part)), build)
+            row = await _first(conn, stmt, {f"g{i}": g for i, g in enumerate(part)})
             for g, w in zip(part, row, strict=True):
                 out[g] = int(w) if w is not None else 1
         running = [g for g in groups if per[g][S.RUNNING].n and not per[g][S.READY].n]
@@ -416,14 +436,20 @@ class Data:
         out: dict[str, tuple[float, bool]] = {}
         for i in range(0, len(groups), 25):
             part = groups[i : i + 25]
-            cols: list[Any] = []
-            for g in part:
-                inner = (select(since.label("since"))
-                         .where(J.c.state == lit(S.READY), J.c.group_key == g)
-                         .order_by(J.c.priority.desc(), J.c.id).limit(AGE_PROBE + 1).subquery())
-                cols += [select(func.min(inner.c.since)).scalar_subquery(),
-                         select(func.count()).select_from(inner).scalar_subquery()]
-            row = await _first(conn, select(*cols))
+            def build(k: int = len(part)) -> Any:
+                cols: list[Any] = []
+                for i in range(k):
+                    inner = (select(since.label("since"))
+                             .where(J.c.state == lit(S.READY),
+                                    J.c.group_key == bindparam(f"g{i}"))
+                             .order_by(J.c.priority.desc(), J.c.id).limit(AGE_PROBE + 1)
+                             .subquery())
+                    cols += [select(func.min(inner.c.since)).scalar_subquery(),
+                             select(func.count()).select_from(inner).scalar_subquery()]
+                return select(*cols)
+
+            stmt = self._stmt(("age", len(part)), build)
+            row = await _first(conn, stmt, {f"g{i}": g for i, g in enumerate(part)})
             for k, g in enumerate(part):
                 first, n = row[2 * k], int(row[2 * k + 1])
                 if first is not None:
@@ -451,16 +477,23 @@ class Data:
         J = self.t.jobs
         end = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
         bounds = [end - timedelta(minutes=60 - i) for i in range(61)]
+
+        def build(state: str) -> Any:
+            inner = (select(J.c.finished_at.label("f"))
+                     .where(J.c.state == lit(state),
+                            J.c.finished_at >= bindparam("b0", type_=UTCDateTime()))
+                     .order_by(J.c.finished_at.desc()).limit(RATE_PROBE).subquery())
+            cols: list[Any] = [
+                func.count(case((inner.c.f >= bindparam(f"b{i}", type_=UTCDateTime()), 1)))
+                for i in range(61)]
+            return select(*cols).select_from(inner)
+
+        params = {f"b{i}": b for i, b in enumerate(bounds)}
         counts: dict[str, list[int]] = {}
         capped = False
         for state in (S.DONE, S.FAILED):
-            inner = (select(J.c.finished_at.label("f"))
-                     .where(J.c.state == lit(state), J.c.finished_at >= bounds[0])
-                     .order_by(J.c.finished_at.desc()).limit(RATE_PROBE).subquery())
-            cols: list[Any] = [func.count(case((inner.c.f >= literal(b, UTCDateTime()), 1)))
-                    for b in bounds]
-            row = await _first(conn, select(*cols))
-            cum = [int(x) for x in row]
+            stmt = self._stmt(("rate", state, RATE_PROBE), functools.partial(build, state))
+            cum = [int(x) for x in await _first(conn, stmt, params)]
             capped = capped or cum[0] >= RATE_PROBE
             counts[state] = [cum[i] - cum[i + 1] for i in range(60)]
         series = [(bounds[i], counts[S.DONE][i], counts[S.FAILED][i]) for i in range(60)]
@@ -768,8 +801,9 @@ async def act(queue: JobQueue, action: str, ids: Sequence[int]) -> tuple[int, li
 
 
 # -- helpers --------------------------------------------------------------------------------
-async def _first(conn: AsyncConnection, stmt: Any) -> Sequence[Any]:
-    row = (await conn.execute(stmt)).first()
+async def _first(conn: AsyncConnection, stmt: Any,
+                 params: dict[str, Any] | None = None) -> Sequence[Any]:
+    row = (await conn.execute(stmt, params or {})).first()
     assert row is not None
     return tuple(row)
 
