@@ -368,3 +368,28 @@ async def test_schedules_page(make_queue: Callable[..., JobQueue]) -> None:
         assert [r.name for r in rows] == ["nightly"] and rows[0].every == "every 3600 s"
         async with client(q) as c:
             assert "nightly" in (await c.get("/schedules")).text
+
+
+async def test_mounted_in_fastapi_links_stay_under_the_mount(
+        make_queue: Callable[..., JobQueue]) -> None:
+    import httpx
+    from fastapi import FastAPI
+
+    q = await failing_queue(make_queue)
+    dag = await small_dag(q)
+    app = FastAPI()
+    app.mount("/ops/queue", dashboard(q, access=lambda request: "full"))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://app") as c:
+        html = (await c.get("/ops/queue/")).text
+        assert 'href="http://app/ops/queue/jobs"' in html
+        assert 'data-live="http://app/ops/queue/events"' in html
+        css = re.search(r'href="([^"]+app\.css)"', html)
+        assert css and (await c.get(css.group(1))).status_code == 200
+        dag_html = (await c.get(f"/ops/queue/jobs/{dag.report}/dag")).text
+        assert f'href="http://app/ops/queue/jobs/{dag.fetch}/dag"' in dag_html
+        r = await c.post(f"/ops/queue/jobs/{dag.boom}/retry", headers=SAME)
+        assert r.status_code == 303
+        assert r.headers["location"] == f"http://app/ops/queue/jobs/{dag.boom}"
+        assert (await c.get("/ops/queue/api/jobs/999999")).json()["status"] == 404
+    await q.close()
