@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import Text, bindparam, case, cast, func, literal, literal_column, select
+from sqlalchemy import Text, bindparam, case, cast, func, inspect, literal, literal_column, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .. import schema as S
@@ -292,6 +292,7 @@ class Data:
         # their cache keys and compiled forms (building the wide ones costs more than
         # running them on small tables).
         self._stmts: dict[Any, Any] = {}
+        self._covered: set[str] | None = None
 
     def _stmt(self, key: Any, build: Callable[[], Any]) -> Any:
         got = self._stmts.get(key)
@@ -333,15 +334,18 @@ class Data:
 
         async def read(conn: AsyncConnection) -> Overview:
             now = (await conn.execute(select(db_now()))).scalar_one()
-            firsts: list[Any] = [self._capped(s) for s in LEAF_COUNTED]
-            totals_row = await _first(conn, select(*firsts))
-            totals = {s: _count(int(n)) for s, n in zip(LEAF_COUNTED, totals_row, strict=True)}
+            covered = await self._per_group_indexed(conn)
+            probed = [s for s in LEAF_COUNTED if s in covered]
+            firsts: list[Any] = [self._capped(s) for s in probed]
+            totals_row = await _first(conn, select(*firsts)) if firsts else ()
+            totals = {s: _count(int(n)) for s, n in zip(probed, totals_row, strict=True)}
             groups_total = int(await conn.scalar(select(func.count()).select_from(G)) or 0)
             names = [r[0] for r in await conn.execute(
                 select(G.c.group_key).order_by(G.c.group_key).limit(MAX_GROUPS * 10))]
             per: dict[str, dict[str, Count]] = {g: {} for g in names}
             for state in LEAF_COUNTED:
-                await self._group_counts(conn, state, totals[state], names, per)
+                totals[state] = await self._group_counts(conn, state, totals.get(state), names,
+                                                         per)
             # The busiest groups first; the page lists MAX_GROUPS.
             busy = sorted(names, key=lambda g: (
                 -sum(c.n for s, c in per[g].items() if s != S.FAILED), -per[g][S.FAILED].n, g))
@@ -373,18 +377,37 @@ class Data:
 
         return await self._read(read)
 
-    async def _group_counts(self, conn: AsyncConnection, state: str, total: Count,
-                            names: list[str], per: dict[str, dict[str, Count]]) -> None:
-        """Counts of ``state`` per group: one GROUP BY when the state has at most CAP rows,
-        else a capped probe per group."""
+    async def _per_group_indexed(self, conn: AsyncConnection) -> set[str]:
+        """The states some index leading with (state, group_key) covers (read once): their
+        counts are capped probes per group. The others are counted in one GROUP BY, the
+        single pass their rows cost without such an index."""
+        if self._covered is None:
+            name = self.t.jobs.name
+            indexes = await conn.run_sync(lambda c: inspect(c).get_indexes(name))
+            covered: set[str] = set()
+            for ix in indexes:
+                if list(ix["column_names"][:2]) != ["state", "group_key"]:
+                    continue
+                where = [str(v) for k, v in (ix.get("dialect_options") or {}).items()
+                         if k.endswith("_where") and v is not None]
+                covered |= ({st for st in STATES if any(f"'{st}'" in w for w in where)}
+                            if where else set(STATES))
+            self._covered = covered
+        return self._covered
+
+    async def _group_counts(self, conn: AsyncConnection, state: str, total: Count | None,
+                            names: list[str], per: dict[str, dict[str, Count]]) -> Count:
+        """Counts of ``state`` per group, and in all: one GROUP BY unless the state has more
+        than CAP rows and an index by group (``total`` known), then a capped probe per
+        group."""
         J = self.t.jobs
-        if not total.capped:
+        if total is None or not total.capped:
             got: dict[str, int] = dict((await conn.execute(
                 select(J.c.group_key, func.count()).where(J.c.state == lit(state))
                 .group_by(J.c.group_key))).all())
             for g in names:
                 per[g][state] = Count(int(got.get(g, 0)))
-            return
+            return _count(sum(got.values())) if total is None else total
         for i in range(0, len(names), 50):
             part = names[i : i + 50]
             def build(state: str = state, k: int = len(part)) -> Any:
@@ -396,6 +419,7 @@ class Data:
             row = await _first(conn, stmt, {f"g{i}": g for i, g in enumerate(part)})
             for g, n in zip(part, row, strict=True):
                 per[g][state] = _count(int(n))
+        return total
 
     async def _weights(self, conn: AsyncConnection, groups: list[str],
                        per: dict[str, dict[str, Count]]) -> dict[str, int]:
