@@ -66,7 +66,7 @@ class Dashboard:
                                autoescape=select_autoescape(["html"]), trim_blocks=True,
                                lstrip_blocks=True)
         self.env.filters.update(ago=_ago, dur=_dur, when=_when, pretty=_pretty)
-        self.env.globals.update(STATES=Q.STATES, CAP=Q.CAP)
+        self.env.globals.update(STATES=Q.STATES, CAP=Q.CAP, GROUP_CAP=Q.GROUP_CAP)
         routes = [
             Route("/", self.overview, name="overview"),
             Route("/jobs", self.jobs, name="jobs"),

@@ -34,6 +34,10 @@ T = TypeVar("T")
 #: Counts stop here: "10,000+" is as useful to an operator as the exact figure and costs a
 #: bounded index range instead of a scan of millions of rows.
 CAP = 10_000
+#: ... and a group's count, where a state has more than CAP rows in all.
+GROUP_CAP = 1_000
+#: The change marker's counts (it only needs to notice a change).
+MARK_CAP = 1_000
 #: Ids one page of a filtered job list looks at, at most (a sparse filter pages on).
 WINDOW = 50_000
 #: Rows per page of the job list.
@@ -41,7 +45,7 @@ PAGE = 50
 #: Groups the overview lists (the busiest first).
 MAX_GROUPS = 100
 #: Ready jobs per group looked at for the oldest one's age (beyond: a lower bound).
-AGE_PROBE = 500
+AGE_PROBE = 100
 #: Finished jobs per state the throughput chart counts (beyond: the oldest minutes are short).
 RATE_PROBE = 50_000
 #: DAG nodes fetched at most; the page draws ``DAG_DRAW`` and summarises the rest.
@@ -315,16 +319,26 @@ class Data:
                                                   J.c.finished_at.is_not(None))
                     .order_by(J.c.finished_at.desc()).limit(1).scalar_subquery())
 
-        stmt = select(
+        stmt = self._stmt("marker", lambda: select(
             select(func.max(J.c.id)).scalar_subquery(),
             newest(S.DONE), newest(S.FAILED), newest(S.CANCELLED),
-            self._capped(S.RUNNING), self._capped(S.READY), self._capped(S.SCHEDULED),
-        )
+            # small caps, in index order: the marker only needs to notice a change
+            self._capped(S.RUNNING, order=J.c.group_key, cap=MARK_CAP),
+            self._capped(S.READY, order=J.c.group_key, cap=MARK_CAP),
+            self._capped(S.SCHEDULED, order=J.c.run_after, cap=MARK_CAP),
+        ))
         return tuple(await self._read(lambda c: _first(c, stmt)))
 
-    def _capped(self, state: str, *where: Any) -> Any:
+    def _capped(self, state: str, *where: Any, order: Any = None, cap: int | None = None) -> Any:
+        """``count(*)`` of ``state`` rows (and ``where``), stopping past ``cap``. ``order``
+        (a column of the index to use) keeps a planner from choosing a table scan that
+        expects matches spread evenly when they sit together at the end."""
         J = self.t.jobs
-        inner = select(literal(1).label("x")).where(J.c.state == lit(state), *where).limit(CAP + 1)
+        n = CAP if cap is None else cap
+        inner = select(literal(1).label("x")).where(J.c.state == lit(state), *where)
+        if order is not None:
+            inner = inner.order_by(order)
+        inner = inner.limit(n + 1)
         return select(func.count()).select_from(inner.subquery()).scalar_subquery()
 
     # -- overview ---------------------------------------------------------------------------
@@ -336,7 +350,9 @@ class Data:
             now = (await conn.execute(select(db_now()))).scalar_one()
             covered = await self._per_group_indexed(conn)
             probed = [s for s in LEAF_COUNTED if s in covered]
-            firsts: list[Any] = [self._capped(s) for s in probed]
+            # a covering index leads with (state, group_key): its order
+            firsts: list[Any] = [self._capped(s, order=self.t.jobs.c.group_key)
+                                 for s in probed]
             totals_row = await _first(conn, select(*firsts)) if firsts else ()
             totals = {s: _count(int(n)) for s, n in zip(probed, totals_row, strict=True)}
             groups_total = int(await conn.scalar(select(func.count()).select_from(G)) or 0)
@@ -411,14 +427,14 @@ class Data:
         for i in range(0, len(names), 50):
             part = names[i : i + 50]
             def build(state: str = state, k: int = len(part)) -> Any:
-                probes: list[Any] = [self._capped(state, J.c.group_key == bindparam(f"g{i}"))
-                                     for i in range(k)]
+                probes: list[Any] = [self._capped(state, J.c.group_key == bindparam(f"g{i}"),
+                                                  cap=GROUP_CAP) for i in range(k)]
                 return select(*probes)
 
-            stmt = self._stmt(("count", state, len(part), CAP), build)
+            stmt = self._stmt(("count", state, len(part), GROUP_CAP), build)
             row = await _first(conn, stmt, {f"g{i}": g for i, g in enumerate(part)})
             for g, n in zip(part, row, strict=True):
-                per[g][state] = _count(int(n))
+                per[g][state] = _count(int(n), GROUP_CAP)
         return total
 
     async def _weights(self, conn: AsyncConnection, groups: list[str],

@@ -72,6 +72,7 @@ async def test_overview_counts_and_fair_share(make_queue: Callable[..., JobQueue
 async def test_counts_cap_and_say_so(make_queue: Callable[..., JobQueue], db: str,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Q, "CAP", 3)
+    monkeypatch.setattr(Q, "GROUP_CAP", 3)
     q = make_queue()
     async with q:
         up = await q.enqueue("t", {}, group="g")
