@@ -8,6 +8,11 @@
 ``aiojobqueue dashboard --url URL`` serves it alone (see ``serve.serve``).
 """
 
-from .app import dashboard
+try:
+    from .app import dashboard
+except ImportError as exc:  # pragma: no cover - the extra is not installed
+    raise ImportError(
+        f'the dashboard needs the web extra ({exc.name} is missing): '
+        'pip install "aiojobqueue[web]"') from exc
 
 __all__ = ["dashboard"]
