@@ -35,7 +35,7 @@ T = TypeVar("T")
 #: bounded index range instead of a scan of millions of rows.
 CAP = 10_000
 #: ... and a group's count, where a state has more than CAP rows in all.
-GROUP_CAP = 1_000
+GROUP_CAP = 500
 #: The change marker's counts (it only needs to notice a change).
 MARK_CAP = 1_000
 #: Ids one page of a filtered job list looks at, at most (a sparse filter pages on).
