@@ -151,7 +151,7 @@ class Dashboard:
     def _message(self, request: Request, status: int, text: str) -> Response:
         if request.url.path.startswith(_api_path(request)):
             return JSONResponse({"error": text, "status": status}, status)
-        return self.render(request, "message.html", "read", status, title=f"{status}",
+        return self.render(request, "message.html", "", status, title=f"{status}",
                            message=text)
 
     # -- pages ------------------------------------------------------------------------------
