@@ -13,14 +13,14 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, select
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 
 from . import schema as S
 from .batch import BULK_ROWS, MAX_ID, Batch, JobRef, _Spec, insert_alone, insert_specs
 from .completer import SPLIT, Completer
-from .dialects.base import DialectOps, dialect_for, engine_kwargs_for
+from .dialects.base import DialectOps, connect_kwargs_for, dialect_for, engine_kwargs_for
 from .errors import (
     ConfigurationError,
     JobCancelled,
@@ -45,6 +45,12 @@ class JobQueue:
     ``postgresql+asyncpg://…``, ``mysql+aiomysql://…``) or an ``AsyncEngine``.
     ``concurrency`` caps jobs in flight across every worker on the database (None: no global
     cap); ``capacity`` caps jobs in flight in this process. See the README for the rest.
+
+    ``pool_size`` bounds the connections of the engine built from ``url`` (no overflow: the
+    process never holds more; SQLAlchemy's default, 5 plus 10 overflow, when None). On
+    PostgreSQL a serving worker holds one more, for LISTEN, opened to ``listen_url`` where
+    given: a direct connection when ``url`` goes through a transaction pooler such as
+    PgBouncer (see docs/deploying.md).
     """
 
     def __init__(
@@ -65,6 +71,8 @@ class JobQueue:
         retry_backoff_max: float = 300.0,
         default_group: str = "default",
         worker_id: str | None = None,
+        pool_size: int | None = None,
+        listen_url: str | None = None,
     ) -> None:
         if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
             raise ConfigurationError(f"concurrency must be an int >= 1 or None: {concurrency!r}")
@@ -82,6 +90,15 @@ class JobQueue:
         for g, n in (group_limits or {}).items():
             if not isinstance(n, int) or n < 0:
                 raise ConfigurationError(f"group limit for {g!r} must be an int >= 0: {n!r}")
+        if pool_size is not None:
+            if not isinstance(pool_size, int) or isinstance(pool_size, bool) or pool_size < 1:
+                raise ConfigurationError(f"pool_size must be an int >= 1: {pool_size!r}")
+            if isinstance(url, AsyncEngine):
+                raise ConfigurationError(
+                    "pool_size applies to the engine aiojobqueue builds from a URL; size the "
+                    "pool of a ready-made engine where you create it")
+        self._listen_url = _listen_url(url, listen_url)
+        self.pool_size = pool_size
         self._url = url
         self.concurrency = concurrency
         self.capacity = capacity
@@ -202,9 +219,16 @@ class JobQueue:
             url = make_url(self._url)
             if url.get_backend_name() in ("mysql", "mariadb") and "charset" not in url.query:
                 url = url.update_query_dict({"charset": "utf8mb4"})
-            engine = create_async_engine(url, **engine_kwargs_for(url.drivername))
+            kwargs = engine_kwargs_for(url.drivername)
+            if self.pool_size is not None:
+                kwargs.update(pool_size=self.pool_size, max_overflow=0)
+            connect = await connect_kwargs_for(url)
+            if connect:
+                kwargs["connect_args"] = {**kwargs.get("connect_args", {}), **connect}
+            engine = create_async_engine(url, **kwargs)
             self._owns_engine = True
         ops = dialect_for(engine, self._t)
+        ops.listen_url = self._listen_url
         self._engine = ops.prepare_engine(engine)
         self._ops = ops
         try:
@@ -484,6 +508,24 @@ class JobQueue:
             await self._worker.serve(until_idle=True)
         finally:
             self._worker = None
+
+
+def _listen_url(url: str | AsyncEngine, listen_url: str | None) -> URL | None:
+    """``listen_url`` parsed (``postgresql://`` gets asyncpg), for a PostgreSQL queue only."""
+    if listen_url is None:
+        return None
+    backend = (url.dialect.name if isinstance(url, AsyncEngine)
+               else make_url(url).get_backend_name())
+    try:
+        parsed = make_url(listen_url)
+    except Exception as exc:
+        raise ConfigurationError(f"bad listen_url {listen_url!r}: {exc}") from exc
+    pg = ("postgresql", "postgres")
+    if backend not in pg or parsed.get_backend_name() not in pg:
+        raise ConfigurationError("listen_url is for PostgreSQL: LISTEN/NOTIFY exists only there")
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+asyncpg")
+    return parsed
 
 
 def _check_id(job_id: Any) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar
 
 from sqlalchemy import Engine, Select, Table, Text, bindparam, insert, select
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -92,6 +93,9 @@ class DialectOps(ABC):
     #: The database runs inside this process (SQLite): a commit's answer cannot be lost on
     #: the way, so a round's finalize and claim may share one transaction (one commit).
     local_commit: ClassVar[bool] = False
+
+    #: where the listener connects (JobQueue(listen_url=)); None: the engine's own URL
+    listen_url: URL | None = None
 
     def __init__(self, tables: Tables) -> None:
         self.t = tables
@@ -284,4 +288,15 @@ def engine_kwargs_for(url_drivername: str) -> dict[str, Any]:
         from .sqlite import SQLiteOps
 
         return SQLiteOps.engine_kwargs()
+    return {}
+
+
+async def connect_kwargs_for(url: URL) -> dict[str, Any]:
+    """Driver options (create_async_engine's ``connect_args``) that depend on what ``url``
+    reaches: on PostgreSQL, no prepared statement kept across transactions when it is a
+    connection pooler (see postgresql.pooler_connect_args)."""
+    if url.get_backend_name() == "postgresql":
+        from .postgresql import pooler_connect_args
+
+        return await pooler_connect_args(url)
     return {}

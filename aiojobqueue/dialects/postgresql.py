@@ -1,11 +1,20 @@
 """PostgreSQL: one UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING,
-and LISTEN/NOTIFY on a dedicated connection outside the pool to wake idle workers."""
+and LISTEN/NOTIFY on a dedicated connection outside the pool to wake idle workers.
+
+Behind a transaction pooler (PgBouncer ``pool_mode = transaction``) each transaction may
+run on another server connection, so nothing may outlive one: no session ``SET`` (only
+function-level ``SET`` in the routines below), no session advisory lock, no prepared
+statement kept across transactions. pooler_connect_args() finds such a pooler when the
+queue connects and turns the statement caches off; the listener checks that its own
+notification comes back and otherwise says so once and leaves the worker polling.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import logging
+import uuid
 from collections.abc import Callable, Sequence
 from functools import cached_property
 from typing import Any
@@ -27,15 +36,51 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 from sqlalchemy.sql.functions import Function
 from sqlalchemy.util import greenlet_spawn
 
+from ..errors import ConfigurationError
 from .base import DialectOps, JobColumns, Listener, WakeCallback, varying_fields
 
 log = logging.getLogger("aiojobqueue.listener")
+
+#: asyncpg options under a transaction pooler: SQLAlchemy's statement cache off (it would
+#: keep named statements across transactions) and asyncpg's too, which makes asyncpg prepare
+#: each statement unnamed: Parse/Describe/Flush, then Bind/Execute/Sync, so the pooler keeps
+#: one server connection for both, and no name can clash with another client's on a shared
+#: server connection. Costs a round trip and a parse per statement.
+POOLED_CONNECT_ARGS: dict[str, Any] = {"statement_cache_size": 0,
+                                       "prepared_statement_cache_size": 0}
+#: seconds the listener waits for its own NOTIFY before it concludes none will come
+PROBE_WAIT = 5.0
+
+
+async def _pids(conn: AsyncConnection) -> tuple[int, int]:
+    """(the backend pid the connection announced at start-up, the server's own)."""
+    raw = await conn.get_raw_connection()
+    apg: Any = raw.driver_connection
+    real = (await conn.exec_driver_sql("SELECT pg_backend_pid()")).scalar_one()
+    return int(apg.get_server_pid()), int(real)
+
+
+async def pooler_connect_args(url: URL) -> dict[str, Any]:
+    """POOLED_CONNECT_ARGS where ``url`` reaches PostgreSQL through a pooler, else {}.
+
+    A pooler (PgBouncer, and the others that multiplex) hands the client a made-up backend
+    key at start-up, since the client never owns a server connection: the pid the
+    connection announced is not the pid ``pg_backend_pid()`` reports. The probe runs on a
+    throwaway connection that itself prepares nothing by name."""
+    engine = create_async_engine(url, poolclass=NullPool, connect_args=POOLED_CONNECT_ARGS)
+    try:
+        async with engine.connect() as conn:
+            announced, real = await _pids(conn)
+    finally:
+        await engine.dispose()
+    return dict(POOLED_CONNECT_ARGS) if announced != real else {}
 
 # deadlock, serialization failure, lock timeout, admin shutdown, cannot connect now
 _TRANSIENT = {"40P01", "40001", "55P03", "57P01", "57P02", "57P03", "08000", "08003", "08006"}
@@ -343,8 +388,31 @@ END"""
         found = await conn.execute(select(func.to_regproc(literal(name, Text())).is_not(None)))
         return bool(found.scalar())
 
+    async def check_server(self, conn: AsyncConnection) -> None:
+        """Behind a pooler, an engine that keeps prepared statements (one the caller built
+        without POOLED_CONNECT_ARGS) fails at random later: refuse it now."""
+        announced, real = await _pids(conn)
+        if announced == real:
+            return
+        raw = await conn.get_raw_connection()
+        adapted: Any = raw.dbapi_connection
+        apg: Any = raw.driver_connection
+        caching = (getattr(adapted, "_prepared_statement_cache", None) is not None
+                   or bool(getattr(apg, "_stmt_cache_enabled", False)))
+        if caching:
+            raise ConfigurationError(
+                "this engine reaches PostgreSQL through a connection pooler (the backend pid "
+                "differs from the one the connection announced) but keeps prepared "
+                "statements, which a transaction pooler breaks: create it with "
+                f"connect_args={POOLED_CONNECT_ARGS!r}, or pass the URL to JobQueue")
+
     def listener(self, engine: AsyncEngine) -> Listener:
-        return _PgListener(engine, self.channel())
+        return _PgListener(engine, self.channel(), self.listen_url, self._deaf)
+
+    @cached_property
+    def _deaf(self) -> list[bool]:
+        """[whether this queue's listener already said notifications do not arrive]"""
+        return [False]
 
     def _is_transient(self, exc: BaseException) -> bool:
         if isinstance(exc, DBAPIError):
@@ -554,19 +622,32 @@ FROM input"""
 
 class _PgListener(Listener):
     """LISTEN on its own NullPool connection: never returned to a pool, never runs SQLAlchemy
-    statements (a transaction left open there would hold back every notification)."""
+    statements (a transaction left open there would hold back every notification).
 
-    def __init__(self, engine: AsyncEngine, channel: str) -> None:
-        self._url = engine.url
+    It connects to ``listen_url`` where given (a direct connection when ``engine`` goes
+    through a transaction pooler), else to the engine's URL. Once listening it sends itself
+    a NOTIFY through ``engine``; if that does not come back within PROBE_WAIT seconds (a
+    transaction pooler passes LISTEN to some server connection and never forwards what it
+    receives), it logs one warning and returns: the worker polls."""
+
+    def __init__(self, engine: AsyncEngine, channel: str, listen_url: URL | None,
+                 deaf: list[bool]) -> None:
+        self._engine = engine
+        self._url = listen_url or engine.url
         self._channel = channel
+        self._deaf = deaf
 
     async def run(self, on_wake: WakeCallback) -> None:
-        engine = create_async_engine(self._url, poolclass=NullPool)
+        # its statements are the dialect's first-connect queries, LISTEN and SELECT 1: no
+        # cache is worth keeping, and none may outlive its transaction behind a pooler
+        engine = create_async_engine(self._url, poolclass=NullPool,
+                                     connect_args=POOLED_CONNECT_ARGS)
         delay = 0.1
         try:
             while True:
                 try:
-                    await self._listen_once(engine, on_wake)
+                    if not await self._listen_once(engine, on_wake):
+                        return
                     delay = 0.1
                 except asyncio.CancelledError:
                     raise
@@ -578,15 +659,36 @@ class _PgListener(Listener):
         finally:
             await engine.dispose()
 
-    async def _listen_once(self, engine: AsyncEngine, on_wake: WakeCallback) -> None:
+    async def _probe(self, came: asyncio.Future[None], payload: str) -> bool:
+        """Send ``payload`` on the channel through the queue's engine (the path every other
+        worker's NOTIFY takes) and wait for it to come back."""
+        async with self._engine.connect() as conn:
+            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+            await conn.execute(select(func.pg_notify(self._channel, payload)))
+        try:
+            async with asyncio.timeout(PROBE_WAIT):
+                await asyncio.shield(came)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _listen_once(self, engine: AsyncEngine, on_wake: WakeCallback) -> bool:
+        """Listen until the connection is lost (raises); False if notifications do not
+        arrive on it."""
         conn = await engine.connect()
         try:
             raw = await conn.get_raw_connection()
             apg: Any = raw.driver_connection
-            lost = asyncio.get_running_loop().create_future()
+            loop = asyncio.get_running_loop()
+            lost, came = loop.create_future(), loop.create_future()
+            probe = f"ajq-probe:{uuid.uuid4().hex}"
 
             def _on_notify(_c: Any, _pid: int, _ch: str, payload: str) -> None:
-                on_wake(payload)
+                if payload == probe:
+                    if not came.done():
+                        came.set_result(None)
+                else:
+                    on_wake(payload)
 
             def _on_close(_c: Any) -> None:
                 if not lost.done():
@@ -596,6 +698,16 @@ class _PgListener(Listener):
             apg.add_termination_listener(_on_close)
             on_wake("")
             try:
+                if not await self._probe(came, probe):
+                    if not self._deaf[0]:
+                        self._deaf[0] = True
+                        log.warning(
+                            "notifications on %s do not arrive (its own NOTIFY did not come "
+                            "back within %.0fs: a transaction pooler such as PgBouncer?); "
+                            "workers poll every poll_interval instead. Give "
+                            "JobQueue(listen_url=...) a direct connection to be woken at once",
+                            self._url.render_as_string(hide_password=True), PROBE_WAIT)
+                    return False
                 while not lost.done():
                     # is_closed() alone misses a silently dead socket: probe it now and then.
                     try:  # asyncio.timeout: 3.11's wait_for can swallow a cancellation
