@@ -21,7 +21,8 @@ in LOCK WAIT (information_schema.INNODB_TRX) and the growth of Innodb_row_lock_w
 (SHOW GLOBAL STATUS; the server is shared, so that one counts other clients too).
 
 One table: rate, rate against P=1 on the same database, through PgBouncer against direct at
-the same P, claim p50/p99, and the top wait events (share of active samples).
+the same P, claim p50/p99, the workers' CPU per job, the server's commits per job, and the
+top wait events (share of active samples).
 """
 
 from __future__ import annotations
@@ -74,8 +75,9 @@ async def worker_main(url: str, prefix: str, capacity: int, ms: int, gate: int,
 
     async with q:
         print("ready", flush=True)
+        cpu0 = time.process_time()
         await run_worker(q)
-    print(json.dumps({"claims": took}), flush=True)
+    print(json.dumps({"claims": took, "cpu": time.process_time() - cpu0}), flush=True)
 
 
 # -- the coordinator -----------------------------------------------------------------------
@@ -96,6 +98,7 @@ class Sampler:
         self.samples = 0
         self.lock_waits = 0
         self.row_lock_waits = 0
+        self.commits = 0
 
     async def run(self, stop: asyncio.Event) -> None:
         from sqlalchemy import text
@@ -109,6 +112,7 @@ class Sampler:
             async with engine.connect() as conn:
                 conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
                 before = None if pg else await self._row_lock_waits(conn)
+                commits0 = await self._commits(conn, pg)
                 while not stop.is_set():
                     self.samples += 1
                     if pg:
@@ -140,8 +144,20 @@ class Sampler:
                         pass
                 if before is not None:
                     self.row_lock_waits = await self._row_lock_waits(conn) - before
+                self.commits = await self._commits(conn, pg) - commits0
         finally:
             await engine.dispose()
+
+    @staticmethod
+    async def _commits(conn: Any, pg: bool) -> int:
+        """Transactions committed on the server so far (server-wide: other clients too)."""
+        from sqlalchemy import text
+
+        if pg:
+            return int((await conn.execute(text(
+                "SELECT xact_commit FROM pg_stat_database WHERE datname = 'test'"))).scalar_one())
+        row = (await conn.execute(text("SHOW GLOBAL STATUS LIKE 'Handler_commit'"))).one()
+        return int(row[1])
 
     @staticmethod
     async def _row_lock_waits(conn: Any) -> int:
@@ -205,11 +221,14 @@ async def one_run(db: str, url: str, procs: int, args: argparse.Namespace,
             for w in workers:
                 w.send_signal(signal.SIGTERM)
             claims: list[float] = []
+            cpu = 0.0
             for w in workers:
                 out, _ = await asyncio.wait_for(w.communicate(), 60)
                 for line in out.decode().splitlines():
                     if line.startswith("{"):
-                        claims += json.loads(line)["claims"]
+                        got = json.loads(line)
+                        claims += got["claims"]
+                        cpu += got["cpu"]
         await admin.engine.dispose()  # the tables go: an engine of its own for the drop
     await drop(setup, prefix)
     lo, hi = fins[len(fins) // 10], fins[len(fins) * 9 // 10]
@@ -218,7 +237,8 @@ async def one_run(db: str, url: str, procs: int, args: argparse.Namespace,
     return {"db": db, "procs": procs, "cap": cap, "rate": rate,
             "p50": pct(claims, 0.5) * 1000, "p99": pct(claims, 0.99) * 1000,
             "claims": len(claims), "top": sampler.top(), "lock_waits": sampler.lock_waits,
-            "samples": sampler.samples, "row_lock_waits": sampler.row_lock_waits}
+            "samples": sampler.samples, "row_lock_waits": sampler.row_lock_waits,
+            "cpu_ms": 1000 * cpu / args.jobs, "commits": sampler.commits / args.jobs}
 
 
 async def drop(url: str, prefix: str) -> None:
@@ -260,7 +280,8 @@ async def main(args: argparse.Namespace) -> None:
           f"{'global cap ' + str(args.concurrency) if args.gate else 'no global cap'}, "
           f"{os.cpu_count()} CPUs")
     head = (f"{'database':<11} {'procs':>5} {'cap':>4} {'jobs/s':>7} {'vs x1':>6} "
-            f"{'vs direct':>9} {'claim p50':>9} {'p99':>7} {'lock waits':>10}  top server states")
+            f"{'vs direct':>9} {'claim p50':>9} {'p99':>7} {'cpu/job':>7} {'commits/job':>11} "
+            f"{'lock waits':>10}  top server states")
     print(head)
     print("-" * len(head))
     for r in results:
@@ -271,9 +292,12 @@ async def main(args: argparse.Namespace) -> None:
         if r["db"] == "mariadb":
             waits += f" +{r['row_lock_waits']}"
         print(f"{r['db']:<11} {r['procs']:>5} {r['cap']:>4} {r['rate']:>7.0f} {vs1:>6.2f} "
-              f"{vsd:>9} {r['p50']:>7.1f}ms {r['p99']:>5.1f}ms {waits:>10}  {r['top']}")
-    print("lock waits: ungranted locks (PostgreSQL) / transactions in LOCK WAIT (MariaDB) "
-          "summed over samples / samples; MariaDB +N: growth of Innodb_row_lock_waits")
+              f"{vsd:>9} {r['p50']:>7.1f}ms {r['p99']:>5.1f}ms {r['cpu_ms']:>5.2f}ms "
+              f"{r['commits']:>11.2f} {waits:>10}  {r['top']}")
+    print("cpu/job: CPU of all worker processes per job; commits/job: transactions the server "
+          "committed per job (server-wide: other clients count too);\nlock waits: ungranted "
+          "locks (PostgreSQL) / transactions in LOCK WAIT (MariaDB) summed over samples / "
+          "samples; MariaDB +N: growth of Innodb_row_lock_waits")
 
 
 if __name__ == "__main__":
