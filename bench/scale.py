@@ -8,8 +8,8 @@ the defaults a user gets except ``poll_interval=0.2``), idle and ready; then one
 ``--jobs`` jobs (each sleeps ``--ms``) in one transaction, and the drain timed from the
 database's own clock: the rate is the middle 80% of jobs over the time between the 10th and
 90th percentile of ``finished_at`` (start-up and tail excluded). Claim latency: each worker
-times its claim calls (the claim statement's round trip, per call). ``--gate`` adds a global
-``concurrency=C`` cap, so every claim also takes the gate row.
+times its claim calls (``Claimer.claim``: the claim's statements in its transaction).
+``--gate`` adds a global ``concurrency=C`` cap, so every claim also takes the gate row.
 
 Databases: PostgreSQL at 127.0.0.1:5432 (``postgres``, db ``test``) directly, through a
 PgBouncer this script starts (transaction pooling, ``default_pool_size`` 4, tests/pgbouncer.py;
@@ -50,21 +50,21 @@ MY = "mysql+aiomysql://root@127.0.0.1:3306/test"
 # -- a worker process ----------------------------------------------------------------------
 async def worker_main(url: str, prefix: str, capacity: int, ms: int, gate: int,
                       listen_url: str) -> None:
-    import aiojobqueue.worker as worker_mod
     from aiojobqueue import JobContext, JobQueue
+    from aiojobqueue.claim import Claimer
     from aiojobqueue.runner import run_worker
 
     took: list[float] = []
-    real = getattr(worker_mod, "_claim", None)
-    if real is not None:  # time the claim calls (the module's hook; absent: no figure)
-        async def timed(*a: Any, **kw: Any) -> Any:
-            t = time.perf_counter()
-            try:
-                return await real(*a, **kw)
-            finally:
-                took.append(time.perf_counter() - t)
+    real = Claimer.claim
 
-        worker_mod._claim = timed  # type: ignore[attr-defined]
+    async def timed(self: Claimer, *a: Any, **kw: Any) -> Any:  # one claim transaction's call
+        t = time.perf_counter()
+        try:
+            return await real(self, *a, **kw)
+        finally:
+            took.append(time.perf_counter() - t)
+
+    Claimer.claim = timed  # type: ignore[method-assign]
 
     q = JobQueue(url, prefix=prefix, capacity=capacity, concurrency=gate or None,
                  poll_interval=0.2, listen_url=listen_url or None)
