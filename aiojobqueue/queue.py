@@ -20,7 +20,7 @@ from .batch import MAX_ID, Batch, JobRef
 from .claim import Claimed, Claimer
 from .core import Core, Signals
 from .database import Database
-from .dialects.base import dialect_for, engine_for_url
+from .dialects.base import dialect_for, listen_url_for, open_engine
 from .errors import ConfigurationError, JobCancelled, JobFailed, JobNotFoundError
 from .executor import Handler, HandlerSpec, JobContext
 from .fanout import SplitReleases
@@ -31,7 +31,7 @@ from .limits import Limit
 from .migrate import check, install_routines, upgrade
 from .models import Job, JobState
 from .periodic import Schedule, make_schedule
-from .settings import Settings
+from .settings import DEFAULT_POOL_SIZE, Settings
 from .settle import Settler
 from .worker import Worker
 
@@ -67,6 +67,12 @@ class JobQueue:
     ``postgresql+asyncpg://…``, ``mysql+aiomysql://…``) or an ``AsyncEngine``.
     ``concurrency`` caps jobs in flight across every worker on the database (None: no global
     cap); ``capacity`` caps jobs in flight in this process. See the README for the rest.
+
+    ``pool_size`` bounds the connections of the engine built from ``url`` (no overflow: the
+    process never holds more, and none is opened and closed per burst). On
+    PostgreSQL a serving worker holds one more, for LISTEN, opened to ``listen_url`` where
+    given: a direct connection when ``url`` goes through a transaction pooler such as
+    PgBouncer (see docs/deploying.md).
     """
 
     def __init__(
@@ -87,14 +93,21 @@ class JobQueue:
         retry_backoff_max: float = 300.0,
         default_group: str = "default",
         worker_id: str | None = None,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        listen_url: str | None = None,
     ) -> None:
+        if isinstance(url, AsyncEngine) and pool_size != DEFAULT_POOL_SIZE:
+            raise ConfigurationError(
+                "pool_size applies to the engine aiojobqueue builds from a URL; size the "
+                "pool of a ready-made engine where you create it")
         self._settings = Settings.build(
             limits, group_limits, concurrency=concurrency, capacity=capacity,
             lease_ttl=lease_ttl, heartbeat_interval=heartbeat_interval,
             poll_interval=poll_interval, shutdown_timeout=shutdown_timeout, prefix=prefix,
             max_attempts=max_attempts, retry_backoff=retry_backoff,
             retry_backoff_max=retry_backoff_max, default_group=default_group,
-            worker_id=worker_id or "",
+            worker_id=worker_id or "", pool_size=pool_size,
+            listen_url=listen_url_for(url, listen_url),
         )
         self._url = url
         self._t = S.build_tables(prefix)
@@ -120,6 +133,7 @@ class JobQueue:
     retry_backoff_max: _Setting[float] = _Setting()
     default_group: _Setting[str] = _Setting()
     worker_id: _Setting[str] = _Setting()
+    pool_size: _Setting[int] = _Setting()
 
     @property
     def limits(self) -> list[Limit]:
@@ -203,9 +217,9 @@ class JobQueue:
         if isinstance(self._url, AsyncEngine):
             engine = self._url
         else:
-            engine = engine_for_url(self._url)
+            engine = await open_engine(self._url, self._settings.pool_size)
             self._owns_engine = True
-        ops = dialect_for(engine, self._t)
+        ops = dialect_for(engine, self._t, self._settings.listen_url)
         self._engine = engine = ops.prepare_engine(engine)
         s = self._settings
         db = Database(engine, ops, self._t, s.worker_id)
