@@ -28,6 +28,7 @@ _TRANSIENT = {"40P01", "40001", "55P03", "57P01", "57P02", "57P03", "08000", "08
 
 class PostgresOps(PgInsert, DialectOps):
     name = "postgresql"
+    async_scheme = "postgresql+asyncpg"
 
     def round_kind(self, routines: bool) -> type[ParallelRound]:
         # Atomic statements in autocommit; with the routines, a success is one call that
