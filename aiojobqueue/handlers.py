@@ -87,11 +87,11 @@ class Params:
 
     def mismatch(self, args: Mapping[str, Any]) -> str | None:
         """Why ``args`` cannot be passed to the handler by name, or None when they can."""
-        keys = args.keys()
-        if self.required <= keys and (
-                keys <= self.names if not self.any_name
-                else self.ctx_name is None or self.ctx_name not in keys):
+        if self.required.issubset(args) and (  # (iterating a dict: its keys)
+                self.names.issuperset(args) if not self.any_name
+                else self.ctx_name is None or self.ctx_name not in args):
             return None
+        keys = args.keys()
         problems = []
         missing = sorted(self.required - keys)
         if missing:
