@@ -86,6 +86,8 @@ class DialectOps(ABC):
 
     #: a short name for messages (the command line's status, logs)
     name: ClassVar[str]
+    #: the SQLAlchemy scheme of the async driver a URL naming none gets (see async_url)
+    async_scheme: ClassVar[str]
 
     #: where the push listener connects (JobQueue(listen_url=), see parse_listen_url);
     #: None: the engine's own URL
@@ -385,13 +387,45 @@ def engine_kwargs_for(url_drivername: str) -> dict[str, Any]:
     return {} if cls is None else cls.engine_kwargs()
 
 
+#: schemes SQLAlchemy itself does not know, as users write them (Heroku, Docker images)
+_SCHEME_ALIASES = {"postgres": "postgresql"}
+
+
+def async_url(url: str) -> str:
+    """The URL ``JobQueue`` and the command line connect with: a URL naming no driver gets
+    its dialect's async one (``postgresql://`` and ``postgres://`` ->
+    ``postgresql+asyncpg://``, ``mysql://`` and ``mariadb://`` -> ``mysql+aiomysql://``,
+    ``sqlite:///`` -> ``sqlite+aiosqlite:///``); any other URL is returned as given.
+    Raises ConfigurationError for a string that is not a database URL."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    from ..errors import ConfigurationError
+
+    text = url.strip()
+    scheme, sep, rest = text.partition("://")
+    try:
+        make_url(text)
+    except ArgumentError:
+        sep = ""
+    if not sep or not scheme:
+        raise ConfigurationError(
+            f"bad database URL {url!r}: expected e.g. sqlite:///jobs.db, "
+            "postgresql://user@host/db or mysql://user@host/db")
+    if "+" in scheme:
+        return text
+    cls = ops_class_for(_SCHEME_ALIASES.get(scheme, scheme))
+    return text if cls is None else f"{cls.async_scheme}://{rest}"
+
+
 def engine_for_url(url: str, **kwargs: Any) -> AsyncEngine:
-    """An async engine for ``url`` as aiojobqueue connects: the dialect's URL adjustments
-    and engine keywords applied (``kwargs`` win)."""
+    """An async engine for ``url`` as aiojobqueue connects: the async driver added (see
+    async_url), the dialect's URL adjustments and engine keywords applied (``kwargs``
+    win)."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    u = make_url(url)
+    u = make_url(async_url(url))
     cls = ops_class_for(u.get_backend_name())
     if cls is not None:
         u = cls.normalize_url(u)

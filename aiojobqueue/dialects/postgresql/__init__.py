@@ -34,6 +34,7 @@ _TRANSIENT = {"40P01", "40001", "55P03", "57P01", "57P02", "57P03", "08000", "08
 
 class PostgresOps(PgInsert, DialectOps):
     name = "postgresql"
+    async_scheme = "postgresql+asyncpg"
 
     def __init__(self, tables: Tables) -> None:
         super().__init__(tables)
