@@ -92,11 +92,16 @@ async def test_default_asyncpg_settings_break_behind_it(pgbouncer: PgBouncer) ->
     """What the queue avoids: SQLAlchemy's and asyncpg's statement caches keep named
     prepared statements, which another client's transaction on the same backend does not
     have (or already has under the same name)."""
-    engines = [create_async_engine(pgbouncer.url) for _ in range(4)]
+    engines = [create_async_engine(pgbouncer.url) for _ in range(8)]
     errors: list[str] = []
+    # Until the clients' transactions have landed on each other's backends (on a loaded
+    # machine that can take more than a few rounds), within a deadline.
+    deadline = asyncio.get_running_loop().time() + 30.0
 
     async def loop(engine: Any, i: int) -> None:
-        for n in range(30):
+        n = 0
+        while not errors and asyncio.get_running_loop().time() < deadline:
+            n += 1
             try:
                 async with engine.connect() as conn:
                     await conn.execute(text(f"SELECT {i} + :n"), {"n": n})
