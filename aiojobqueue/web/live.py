@@ -2,8 +2,9 @@
 
 The watcher reads the change marker (``Data.marker``: a few index probes) at most once per
 ``interval`` however many browsers are connected, and only while at least one is. Where the
-database pushes notifications (PostgreSQL LISTEN/NOTIFY through the dialect's listener) a
-notification makes it look at once; the marker stays the backstop for changes that send none.
+dialect has a push listener (PostgreSQL LISTEN/NOTIFY; SQLite's watch of ``data_version``,
+which moves on any commit to the file) a wake-up makes it look at once, and it polls every
+``push_backstop`` seconds for changes that send none; elsewhere it polls every ``interval``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class Hub:
         self._subs: set[asyncio.Queue[int]] = set()
         self._task: asyncio.Task[None] | None = None
         self._poke = asyncio.Event()
+        #: Set once the watcher has its first marker: changes count from there.
+        self._baseline = asyncio.Event()
 
     @property
     def subscribers(self) -> int:
@@ -42,12 +45,16 @@ class Hub:
 
     @contextlib.asynccontextmanager
     async def subscribe(self) -> AsyncIterator[asyncio.Queue[int]]:
-        """A queue that receives the change number after each change (latest only)."""
+        """A queue that receives the change number after each change (latest only). Entered
+        once the watcher has its baseline, so a change made after that is never missed."""
         box: asyncio.Queue[int] = asyncio.Queue(maxsize=1)
         self._subs.add(box)
         if self._task is None or self._task.done():
+            self._baseline.clear()
             self._task = asyncio.create_task(self._watch(), name="aiojobqueue-dashboard-live")
         try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._baseline.wait(), 10.0)
             yield box
         finally:
             self._subs.discard(box)
@@ -90,10 +97,10 @@ class Hub:
                     last = mark
                 except Exception as exc:  # a database outage: keep the pages, retry
                     log.warning("dashboard live updates: reading the marker failed: %s", exc)
+                self._baseline.set()
                 self._poke.clear()
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(wait):
-                        await self._poke.wait()
+                    await asyncio.wait_for(self._poke.wait(), wait)
                 # never more than one read per interval, however many notifications arrive
                 await asyncio.sleep(max(self.interval - (loop.time() - started), 0.0))
         finally:
