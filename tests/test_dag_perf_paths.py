@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from sqlalchemy import any_, event, insert, literal_column, select, text
 
+import aiojobqueue.claim as claim_mod
 from aiojobqueue import JobQueue, JobState
 from aiojobqueue.claim import Claimed, PickThenLease
 from aiojobqueue.finalize import Outcome
@@ -244,13 +245,16 @@ async def test_release_of_a_wide_fan_out_is_not_quadratic_on_a_fresh_table(
 
 
 async def test_a_short_claim_of_the_only_group_hands_over_without_a_census(
-    make_queue: Callable[..., JobQueue],
+    make_queue: Callable[..., JobQueue], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A DAG step releases a few jobs of the one known group: the claim that takes them
     (fewer than it wanted, but some) returns them without first looking for other groups,
     which the claim after it does if the known group is dry by then: a group that appeared
-    meanwhile is found at once."""
-    q = make_queue()
+    meanwhile is found at once. (The census and promotion windows are widened, so a slow
+    machine cannot let them lapse between the claims.)"""
+    monkeypatch.setattr(claim_mod, "GROUPS_EVERY", 60.0)
+    monkeypatch.setattr(claim_mod, "PROMOTE_EVERY", 60.0)
+    q = make_queue(poll_interval=60.0)
     async with q:
         G = q._t.groups.name
         seen: list[str] = []

@@ -169,6 +169,19 @@ def test_listen_url_is_checked() -> None:
     assert JobQueue(PG_URL, listen_url="postgresql://postgres@h/db").settings.listen_url is not None
 
 
+def test_pool_size_is_checked() -> None:
+    """A pool_size that is not an int >= 1, or one given with a ready-made engine (whose
+    pool the caller sized), is refused at construction."""
+    for bad in (0, -1, True, 2.5, "5"):
+        with pytest.raises(ConfigurationError, match="pool_size"):
+            JobQueue("sqlite+aiosqlite:///x.db", pool_size=bad)  # type: ignore[arg-type]
+    engine = create_async_engine(PG_URL)
+    with pytest.raises(ConfigurationError, match="pool_size"):
+        JobQueue(engine, pool_size=2)
+    assert JobQueue(engine).pool_size == JobQueue("sqlite+aiosqlite:///x.db").pool_size == 5
+    assert JobQueue(PG_URL, pool_size=2).settings.pool_size == 2
+
+
 async def _wake_time(pgbouncer: PgBouncer, prefix: str, **kw: Any) -> tuple[float, JobQueue]:
     """Seconds from another process-like queue's enqueue to the job's start on an idle
     worker whose poll is 30 s: only a notification can wake it that fast."""
