@@ -2,12 +2,13 @@
 
 Run it (SQLite file by default; any URL works):
 
-    pip install aiojobqueue fastapi uvicorn     # or, in a clone: pip install -e . fastapi uvicorn
+    pip install "aiojobqueue[web]" fastapi uvicorn  # in a clone: pip install -e ".[web]" fastapi uvicorn
     AIOJOBQUEUE_URL=sqlite+aiosqlite:///app.db uvicorn examples.fastapi_app:app
 
     curl -X POST localhost:8000/jobs -H 'content-type: application/json' \\
          -d '{"type": "resize", "args": {"image": "cat.png", "width": 200}}'
     curl localhost:8000/jobs/1
+    open http://localhost:8000/queue/             # the dashboard, mounted below
     curl -X POST localhost:8000/albums -H 'content-type: application/json' \\
          -d '{"images": ["a.png", "b.png", "c.png"]}'
 
@@ -27,6 +28,7 @@ from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, Field
 
 from aiojobqueue import InvalidJobError, JobContext, JobNotFoundError, JobQueue
+from aiojobqueue.web import dashboard
 
 queue = JobQueue(
     os.environ.get("AIOJOBQUEUE_URL", "sqlite+aiosqlite:///app.db"),
@@ -61,6 +63,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 app = FastAPI(title="aiojobqueue example", lifespan=lifespan)
+# The dashboard: put your own authentication in `access` ("full", "read" or None for 403).
+app.mount("/queue", dashboard(queue, access=lambda request: "full"))
 
 
 class NewJob(BaseModel):

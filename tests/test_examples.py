@@ -60,4 +60,4 @@ def test_examples_install_only_what_they_need() -> None:
         doc = ast.get_docstring(ast.parse(path.read_text())) or ""
         assert ".[dev]" not in doc, path
     doc = ast.get_docstring(ast.parse((ROOT / "examples" / "fastapi_app.py").read_text()))
-    assert doc is not None and "pip install aiojobqueue fastapi uvicorn" in doc
+    assert doc is not None and 'pip install "aiojobqueue[web]" fastapi uvicorn' in doc

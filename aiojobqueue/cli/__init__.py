@@ -14,6 +14,7 @@ One module per job:
 - ``worker``   ``worker MODULE:QUEUE``
 - ``queries``  ``status``, ``jobs``, ``show``
 - ``actions``  ``retry``, ``cancel``, ``migrate``, ``prune``
+- ``dashboard`` ``dashboard`` (the web dashboard, from ``aiojobqueue.web``)
 
 Adding a command (say ``explain``): write ``aiojobqueue/cli/explain.py`` with an
 ``@app.command()`` function that calls ``run(url, ...)`` on an ``opened(url, prefix)`` queue
@@ -28,7 +29,7 @@ import importlib
 from .app import app, main
 
 #: The command modules; importing one registers its commands on ``app``.
-COMMANDS = ("demo", "worker", "queries", "actions")
+COMMANDS = ("demo", "worker", "queries", "actions", "dashboard")
 for _name in COMMANDS:
     importlib.import_module(f"{__name__}.{_name}")
 

@@ -45,3 +45,32 @@ async def test_read_only_server_shows_pages_and_refuses_actions(
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_the_command_line_serves_the_dashboard(
+        make_queue: Callable[..., JobQueue], db_url: str, prefix: str) -> None:
+    """``aiojobqueue dashboard --url ... --port N`` in a real process serves the pages,
+    and stops on SIGINT."""
+    import signal
+    import sys
+
+    q = make_queue()
+    async with q:
+        jid = await q.enqueue("t", {})
+        port = free_port()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "aiojobqueue", "dashboard", "--url", db_url, "--prefix", prefix,
+            "--port", str(port), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        try:
+            async with httpx.AsyncClient(timeout=5) as c:
+                for _ in range(400):
+                    try:
+                        r = await c.get(f"http://127.0.0.1:{port}/jobs/{jid}")
+                        break
+                    except httpx.TransportError:
+                        assert proc.returncode is None, await proc.stderr.read()  # type: ignore[union-attr]
+                        await asyncio.sleep(0.05)
+                assert r.status_code == 200 and f"{jid}" in r.text
+        finally:
+            proc.send_signal(signal.SIGINT)
+            await asyncio.wait_for(proc.wait(), 20)
