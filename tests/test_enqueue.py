@@ -94,7 +94,7 @@ async def test_batch_inserts_a_dag_in_one_transaction(queue: JobQueue) -> None:
     assert jobs[a].state == JobState.READY and jobs[a].parent_id == site.id
     assert jobs[p].state == JobState.WAITING and jobs[p].depends_on == (a.id,)
     assert jobs[r].state == JobState.WAITING and jobs[r].depends_on == (site.id,)
-    assert jobs[site].group == "tenant-a" and jobs[a].group == "default"
+    assert jobs[site].group == "tenant-a" and jobs[a].group == "tenant-a"  # inherited
 
 
 async def test_batch_with_an_error_in_the_block_inserts_nothing(queue: JobQueue) -> None:

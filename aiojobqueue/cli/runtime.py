@@ -72,17 +72,15 @@ def print_error(message: str) -> None:
 
 
 # -- URLs -------------------------------------------------------------------------------------
-_DRIVERS = {"postgresql": "postgresql+asyncpg", "postgres": "postgresql+asyncpg",
-            "mysql": "mysql+aiomysql", "mariadb": "mysql+aiomysql",
-            "sqlite": "sqlite+aiosqlite"}
-
-
 def normalize_url(url: str) -> str:
-    """Add the async driver to a plain URL (``postgresql://`` -> ``postgresql+asyncpg://``)."""
-    scheme, sep, rest = url.strip().partition("://")
-    if not sep:
+    """Add the async driver to a plain URL (``postgresql://`` -> ``postgresql+asyncpg://``),
+    as ``JobQueue`` does (see ``dialects.base.async_url``)."""
+    from ..dialects.base import async_url
+
+    try:
+        return async_url(url)
+    except ConfigurationError:
         fail(f"bad database URL {url!r}: expected e.g. {DEFAULT_URL}", Exit.USAGE)
-    return f"{_DRIVERS.get(scheme, scheme)}://{rest}"
 
 
 def safe_url(url: str) -> str:
