@@ -26,6 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from . import history
 from . import schema as S
 from .policy import backoff
 from .timeutil import db_now, utcnow_plus
@@ -259,20 +260,23 @@ class Completer:
             if kind == "done":
                 done_rows.append({"i": o.job_id, "r": o.result})
             elif kind == "failed":
+                # the attempt joins Job.errors in the same UPDATE (failure path only)
+                errors = await history.with_failure(conn, J, o.job_id, o.attempt, o.error,
+                                                    o.owner)
                 if o.retryable and row.attempts < row.attempt_limit:
                     delay = backoff(row.attempts, self.q.retry_backoff, self.q.retry_backoff_max)
                     kind, retry_in = "retry", delay
                     await conn.execute(
                         update(J).where(J.c.id == o.job_id).values(
                             state=S.SCHEDULED, error=o.error, run_after=utcnow_plus(delay),
-                            **cleared,
+                            errors=errors, **cleared,
                         )
                     )
                 else:
                     await conn.execute(
                         update(J).where(J.c.id == o.job_id).values(
                             state=S.FAILED, error=o.error, finished_at=now, live_key=None,
-                            **cleared,
+                            errors=errors, **cleared,
                         )
                     )
                     finished.append((o.job_id, S.FAILED))

@@ -82,6 +82,8 @@ async def _upgrade_once(q: JobQueue) -> int:
         await _v2_to_v3(q)
     if 0 < found < 4:
         await _v3_to_v4(q)
+    if 0 < found < 6:
+        await _v5_to_v6(q)
     async with q.engine.begin() as conn:
         await conn.run_sync(q._t.metadata.create_all, checkfirst=True)
     async with q.engine.begin() as conn:
@@ -214,6 +216,26 @@ async def _v3_to_v4(q: JobQueue) -> None:
 
             await conn.run_sync(recreate)
         await conn.execute(update(M).where(M.c.name == "schema_version").values(value="4"))
+
+
+async def _v5_to_v6(q: JobQueue) -> None:
+    """v6: nullable columns for observability: ``progress`` and ``errors`` on jobs, ``types``
+    and ``capacity`` on workers. Adding a nullable column without a default rewrites no row
+    on any of the three databases; each is added only if missing (idempotent)."""
+    async with q.engine.begin() as conn:
+        await q._ops.lock_gate(conn)
+        for table, names in ((q._t.jobs, ("progress", "errors")),
+                             (q._t.workers, ("types", "capacity"))):
+            def columns(sync_conn: Any, name: str = table.name) -> set[str]:
+                from sqlalchemy import inspect
+
+                return {c["name"] for c in inspect(sync_conn).get_columns(name)}
+
+            have = await conn.run_sync(columns)
+            for name in names:
+                if name not in have:
+                    kind = table.c[name].type.compile(dialect=conn.dialect)
+                    await conn.execute(text(f"ALTER TABLE {table.name} ADD COLUMN {name} {kind}"))
 
 
 async def settle_routine(q: JobQueue, create: bool) -> tuple[Any, Any, Any] | None:

@@ -17,6 +17,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 
+from . import history, progress
 from . import schema as S
 from .batch import BULK_ROWS, MAX_ID, Batch, JobRef, _Spec, insert_alone, insert_specs
 from .completer import SPLIT, Completer
@@ -494,6 +495,7 @@ def _check_id(job_id: Any) -> None:
 
 
 def _to_job(row: Any, deps: list[int]) -> Job:
+    errors, omitted = history.snapshot(row.errors)
     return Job(
         id=row.id, type=row.type, args=row.args, state=JobState(row.state), result=row.result,
         error=row.error, attempts=row.attempts, max_attempts=row.max_attempts,
@@ -501,4 +503,5 @@ def _to_job(row: Any, deps: list[int]) -> Job:
         is_container=row.kind == S.CONTAINER, key=row.key, depends_on=tuple(deps),
         cancelled_by=row.cancelled_by, lease_owner=row.lease_owner, created_at=row.created_at,
         run_after=row.run_after, started_at=row.started_at, finished_at=row.finished_at,
+        progress=progress.snapshot(row.progress), errors=errors, errors_omitted=omitted,
     )

@@ -40,7 +40,7 @@ from sqlalchemy.dialects import postgresql
 
 from .timeutil import UTCDateTime
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 #: What a container not yet active adds to its children's ``pending`` (v3; was 1): larger
 #: than any count of dependencies, so activation tells the credited children apart.
 CREDIT = 1 << 30
@@ -132,6 +132,10 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("result", _Json),
         Column("error", _Json),
         Column("checkpoint", _Json),
+        # v6: what a running handler reported (see aiojobqueue.progress) and the history of
+        # failed attempts (aiojobqueue.history); NULL for most jobs, so no cost to them.
+        Column("progress", _Json),
+        Column("errors", _Json),
         Column("parent_id", _Id),
         Column("group_key", String(200), nullable=False),
         Column("weight", Integer, nullable=False, server_default="1"),
@@ -192,6 +196,9 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("started_at", UTCDateTime, nullable=False),
         Column("last_seen", UTCDateTime, nullable=False),
         Column("running", Integer, nullable=False, server_default="0"),
+        # v6: the job types the worker serves and its capacity (see aiojobqueue.explain)
+        Column("types", _Json),
+        Column("capacity", Integer),
     )
     rate = Table(
         f"{p}rate",
