@@ -18,6 +18,7 @@ from .errors import (
     UnsupportedDatabaseError,
 )
 from .executor import JobContext, LeaseLostError
+from .explain import Explanation, Reason
 from .hooks import JobEvent
 from .limits import Limit, RateLimit
 from .models import Job, JobState
@@ -30,6 +31,7 @@ __all__ = [
     "ConfigurationError",
     "ContainerClosedError",
     "DependencyCycleError",
+    "Explanation",
     "InvalidJobError",
     "InvalidStateError",
     "Job",
@@ -45,6 +47,7 @@ __all__ = [
     "Limit",
     "NotJSONError",
     "RateLimit",
+    "Reason",
     "SchemaError",
     "UnsupportedDatabaseError",
     "metadata",

@@ -219,13 +219,13 @@ async def _v3_to_v4(q: JobQueue) -> None:
 
 
 async def _v5_to_v6(q: JobQueue) -> None:
-    """v6: nullable columns for observability: ``progress`` and ``errors`` on jobs, ``types``
-    and ``capacity`` on workers. Adding a nullable column without a default rewrites no row
-    on any of the three databases; each is added only if missing (idempotent)."""
+    """v6: nullable columns for observability: ``progress`` and ``errors`` on jobs;
+    ``types``, ``capacity`` and ``config`` on workers. A nullable column without a default
+    rewrites no row on any of the three databases; each is added only if missing."""
     async with q.engine.begin() as conn:
         await q._ops.lock_gate(conn)
         for table, names in ((q._t.jobs, ("progress", "errors")),
-                             (q._t.workers, ("types", "capacity"))):
+                             (q._t.workers, ("types", "capacity", "config"))):
             def columns(sync_conn: Any, name: str = table.name) -> set[str]:
                 from sqlalchemy import inspect
 

@@ -29,6 +29,7 @@ from .errors import (
     JobNotFoundError,
 )
 from .executor import Handler, HandlerSpec
+from .explain import Explanation, explain
 from .hooks import Hooks
 from .limits import Limit, RateLimit, check_limits
 from .models import Job, JobState
@@ -431,6 +432,12 @@ class JobQueue:
             return _to_job(row, deps)
 
         return await self._read(read)
+
+    async def explain(self, job_id: int) -> Explanation:
+        """Why the job is not running now: ``Explanation.reasons`` (see aiojobqueue.explain
+        for the codes); ``str()`` of it reads as a short paragraph. Raises JobNotFoundError."""
+        _check_id(job_id)
+        return await explain(self, job_id)
 
     async def wait(self, job_id: int, timeout: float | None = None) -> Any:
         """Wait until the job is terminal; return its result or raise JobFailed/JobCancelled.

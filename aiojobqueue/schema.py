@@ -196,9 +196,11 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("started_at", UTCDateTime, nullable=False),
         Column("last_seen", UTCDateTime, nullable=False),
         Column("running", Integer, nullable=False, server_default="0"),
-        # v6: the job types the worker serves and its capacity (see aiojobqueue.explain)
+        # v6: the job types the worker serves, its capacity and the caps it enforces
+        # (concurrency, group limits, rate limits), for explain() and status
         Column("types", _Json),
         Column("capacity", Integer),
+        Column("config", _Json),
     )
     rate = Table(
         f"{p}rate",

@@ -25,6 +25,7 @@ from . import schema as S
 from .claim import Claimed, LeaseAsk, asked_claims, claim, lease_ask
 from .completer import Outcome, lit
 from .executor import Reasons, run_attempt
+from .explain import registration
 from .hooks import JobEvent
 from .limits import local_budget, notify
 from .periodic import run_schedules
@@ -628,7 +629,7 @@ class Worker:
                                 J.c.id.in_(ids[i : i + 1000]))
                 .values(lease_expires=utcnow_plus(q.lease_ttl))
             )
-        vals = {"last_seen": db_now(), "running": len(ids)}
+        vals = {"last_seen": db_now(), "running": len(ids), **registration(q)}
         res = conn.execute(update(W).where(W.c.id == q.worker_id).values(**vals))
         if res.rowcount == 0:  # first beat (an upsert: a retried first beat must not collide)
             conn.execute(q._ops._insert_ignore(W).values(
