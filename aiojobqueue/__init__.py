@@ -1,7 +1,5 @@
 """aiojobqueue: an asyncio-native, crash-safe DAG job scheduler on your relational database."""
 
-import logging as _logging
-
 from .batch import Batch, JobRef
 from .errors import (
     AioJobQueueError,
@@ -53,7 +51,3 @@ __all__ = [
     "metadata",
 ]
 __version__ = "0.1.0"
-
-# A library installs no handler of its own; this keeps Python's last-resort handler from
-# printing our warnings when the application has not configured logging.
-_logging.getLogger("aiojobqueue").addHandler(_logging.NullHandler())

@@ -28,6 +28,7 @@ from .executor import Reasons, run_attempt
 from .explain import registration
 from .hooks import JobEvent
 from .limits import local_budget, notify
+from .logs import brief
 from .periodic import run_schedules
 from .timeutil import db_now, utcnow_plus
 
@@ -380,7 +381,7 @@ class Worker:
         except Exception as exc:
             if not self._retryable(exc):
                 raise
-            log.warning("claim failed (%s); backing off", exc, extra={"worker": q.worker_id})
+            log.warning("claim failed (%s); backing off", brief(exc), extra={"worker": q.worker_id})
             return None
         self.buffer.extend((c, t0) for c in got)
         return got
@@ -436,7 +437,7 @@ class Worker:
             if self._retryable(exc):
                 # it may have committed before the link died: check before reporting
                 self.uncertain.update((o.job_id, o.attempt) for o in batch)
-                log.warning("finalize of %d job(s) failed (%s); retrying", len(batch), exc,
+                log.warning("finalize of %d job(s) failed (%s); retrying", len(batch), brief(exc),
                             extra={"worker": q.worker_id})
             else:
                 self._poisoned(batch, exc)
@@ -601,7 +602,7 @@ class Worker:
                 if not self._retryable(exc):
                     raise
                 log.warning("heartbeat failed (%s); %d lease(s) not renewed, retrying in %.1fs",
-                            exc, len(mine), delay)
+                            brief(exc), len(mine), delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, q.heartbeat_interval)
                 continue
@@ -778,9 +779,10 @@ class Worker:
         finally releases any lease this worker holds without running the job."""
         self.stopping = True
         q = self.q
-        if self.running:
-            log.info("shutting down: waiting up to %ss for %d job(s)", q.shutdown_timeout,
-                     len(self.running))
+        busy = sum(1 for r in self.running.values() if not r.task.done())
+        if busy:  # WARNING: a wait the user sees (logs.py: visible by default)
+            log.warning("shutting down: waiting up to %ss for %d running job(s)",
+                        q.shutdown_timeout, busy)
         end = time.monotonic() + q.shutdown_timeout
         while True:
             live = [(jid, r) for jid, r in self.running.items() if not r.task.done()]
@@ -802,6 +804,8 @@ class Worker:
                 r.task.cancel()
                 pending.append(r.task)
         if pending:
+            log.warning("shutting down: cancelled %d job(s) still running; they are released "
+                        "to run again at once", len(pending))
             await asyncio.wait(pending, timeout=5.0)
         deadline = time.monotonic() + max(self.q.shutdown_timeout, 5.0)
         delay = 0.05
@@ -877,7 +881,7 @@ class Worker:
             except Exception as exc:
                 if not self._retryable(exc):
                     raise
-                log.warning("%s: database error (%s); retrying in %.1fs", name, exc, delay,
+                log.warning("%s: database error (%s); retrying in %.1fs", name, brief(exc), delay,
                             extra={"worker": self.q.worker_id})
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
