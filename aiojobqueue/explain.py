@@ -85,6 +85,23 @@ class Explanation:
         head = f"Job {self.job_id} ({self.type}, group {self.group!r}) is {self.state.value}."
         return " ".join([head, *(r.detail for r in self.reasons)])
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: times as ISO strings (for ``explain --json`` and web APIs)."""
+        return {"job_id": self.job_id, "type": self.type, "group": self.group,
+                "state": self.state.value, "text": str(self),
+                "reasons": [{"code": r.code, "detail": r.detail, "data": _jsonable(r.data)}
+                            for r in self.reasons]}
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, datetime):
+        return v.isoformat()
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    return v
+
 
 @dataclass(frozen=True)
 class GroupAtCap:
@@ -415,3 +432,13 @@ async def groups_at_cap(q: JobQueue) -> list[GroupAtCap]:
         return out
 
     return await q._read(read)
+
+
+async def notes(q: JobQueue) -> list[str]:
+    """What ``status`` flags, one sentence each: runnable types that no live worker serves,
+    and groups with ready jobs held at their cap."""
+    out = [f"type {t!r}: {n} runnable job(s) and no live worker serves it"
+           for t, n in (await unserved_types(q)).items()]
+    out += [f"group {g.group!r} is at its cap: {g.running} of {g.cap} running, {g.ready} ready"
+            for g in await groups_at_cap(q)]
+    return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import socket
 from collections.abc import AsyncIterator, Callable
@@ -14,7 +15,7 @@ from typing import Any
 from sqlalchemy import insert, select, text, update
 
 from aiojobqueue import Explanation, JobContext, JobNotFoundError, JobQueue, Limit, RateLimit
-from aiojobqueue.explain import CODES, GroupAtCap, groups_at_cap, unserved_types
+from aiojobqueue.explain import CODES, GroupAtCap, groups_at_cap, notes, unserved_types
 from aiojobqueue.schema import SCHEMA_VERSION
 from tests.conftest import eventually
 
@@ -145,6 +146,9 @@ async def test_scheduled_and_backoff(make_queue: Callable[..., JobQueue]) -> Non
         assert r.data["attempt"] == 1 and r.data["error"]["type"] == "OSError"
         assert timedelta(seconds=50) < r.data["when"] - datetime.now(UTC) < timedelta(seconds=121)
         assert "OSError: down" in str(e)
+        d = json.loads(json.dumps(e.to_dict()))
+        assert d["reasons"][0]["code"] == "backoff" and d["text"] == str(e)
+        assert datetime.fromisoformat(d["reasons"][0]["data"]["when"]) == r.data["when"]
 
 
 async def test_no_worker_serves_the_type(make_queue: Callable[..., JobQueue]) -> None:
@@ -155,6 +159,7 @@ async def test_no_worker_serves_the_type(make_queue: Callable[..., JobQueue]) ->
         e = await q.explain(jid)
         assert e.codes == ["no_worker"] and e.reasons[0].data["live_workers"] == 0
         assert await unserved_types(q) == {"nobody": 1}
+        assert await notes(q) == ["type 'nobody': 1 runnable job(s) and no live worker serves it"]
         async with serving(q):
             async def registered() -> bool:
                 return (await q.explain(jid)).reasons[0].data.get("live_workers") == 1
@@ -200,6 +205,7 @@ async def test_group_cap_seen_from_a_queue_without_the_setting(
             e = await codes_become(who, second, "group_cap")
             assert e.reasons[0].data == {"group": "g", "cap": 1, "running": 1}
             assert await groups_at_cap(who) == [GroupAtCap("g", 1, 1, 1)]
+            assert await notes(who) == ["group 'g' is at its cap: 1 of 1 running, 1 ready"]
         gate.set()
         await q.wait(second, timeout=15)
 
