@@ -1,7 +1,5 @@
 """aiojobqueue: an asyncio-native, crash-safe DAG job scheduler on your relational database."""
 
-import logging as _logging
-
 from .batch import Batch, JobRef
 from .errors import (
     AioJobQueueError,
@@ -18,6 +16,7 @@ from .errors import (
     UnsupportedDatabaseError,
 )
 from .executor import JobContext, LeaseLostError
+from .explain import Explanation, Reason
 from .hooks import JobEvent
 from .limits import Limit, RateLimit
 from .models import Job, JobState
@@ -30,6 +29,7 @@ __all__ = [
     "ConfigurationError",
     "ContainerClosedError",
     "DependencyCycleError",
+    "Explanation",
     "InvalidJobError",
     "InvalidStateError",
     "Job",
@@ -45,12 +45,9 @@ __all__ = [
     "Limit",
     "NotJSONError",
     "RateLimit",
+    "Reason",
     "SchemaError",
     "UnsupportedDatabaseError",
     "metadata",
 ]
 __version__ = "0.1.0"
-
-# A library installs no handler of its own; this keeps Python's last-resort handler from
-# printing our warnings when the application has not configured logging.
-_logging.getLogger("aiojobqueue").addHandler(_logging.NullHandler())

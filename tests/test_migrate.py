@@ -254,7 +254,7 @@ async def test_v4_schema_gains_the_releases_table(
         async with q2.engine.connect() as conn:
             v = (await conn.execute(select(M.c.value).where(M.c.name == "schema_version"))
                  ).scalar_one()
-            assert v == str(SCHEMA_VERSION) == "5"
+            assert v == str(SCHEMA_VERSION) == "6"
             assert await conn.scalar(select(func.count()).select_from(R)) == 0
         await q2.run_until_idle()
         assert ran[0] == head.id and sorted(ran[1:]) == sorted(o.id for o in outs)
