@@ -453,8 +453,13 @@ async def groups_at_cap(queue: JobQueue) -> list[GroupAtCap]:
 async def notes(queue: JobQueue) -> list[str]:
     """What ``status`` flags, one sentence each: runnable types that no live worker serves,
     and groups with ready jobs held at their cap."""
+    return notes_of(await unserved_types(queue), await groups_at_cap(queue))
+
+
+def notes_of(unserved: dict[str, int], at_cap: Iterable[GroupAtCap]) -> list[str]:
+    """``notes()`` from what ``unserved_types`` and ``groups_at_cap`` returned."""
     out = [f"type {t!r}: {n} runnable job(s) and no live worker serves it"
-           for t, n in (await unserved_types(queue)).items()]
+           for t, n in unserved.items()]
     out += [f"group {g.group!r} is at its cap: {g.running} of {g.cap} running, {g.ready} ready"
-            for g in await groups_at_cap(queue)]
+            for g in at_cap]
     return out
