@@ -113,6 +113,8 @@ class QueueMetrics:
         self._refreshing: asyncio.Future[None] | None = None
         self._lock = threading.Lock()
         self._started: list[int] = []
+        self._children: dict[tuple[str, str, str], Any] = {}
+        self._run_by_type: dict[str, Any] = {}
         self._timing: asyncio.Task[None] | None = None
         self._bind()
         registry.register(_Gauges(self))
@@ -138,12 +140,19 @@ class QueueMetrics:
             self._loop, self._loop_thread = loop, threading.get_ident()
 
     def _ended(self, ev: JobEvent) -> None:
-        if ev.event == "retry":
-            self.retries.labels(ev.type, ev.group).inc()
-        else:
-            self.finished.labels(ev.type, ev.group, ev.event).inc()
+        # The labelled children are cached: .labels() takes a lock and builds a key per call.
+        key = (ev.event, ev.type, ev.group)
+        count = self._children.get(key)
+        if count is None:
+            count = self._children[key] = (
+                self.retries.labels(ev.type, ev.group) if ev.event == "retry"
+                else self.finished.labels(ev.type, ev.group, ev.event))
+        count.inc()
         if ev.duration is not None:
-            self.run_seconds.labels(ev.type).observe(ev.duration)
+            run = self._run_by_type.get(ev.type)
+            if run is None:
+                run = self._run_by_type[ev.type] = self.run_seconds.labels(ev.type)
+            run.observe(ev.duration)
 
     def _start(self, ev: JobEvent) -> None:
         self._bind()
