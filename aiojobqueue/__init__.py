@@ -12,11 +12,14 @@ from .errors import (
     JobFailed,
     JobNotFoundError,
     NotJSONError,
+    NotStartedError,
+    PermanentError,
     SchemaError,
     UnsupportedDatabaseError,
 )
 from .executor import JobContext, LeaseLostError
 from .explain import Explanation, Reason
+from .handlers import Handler
 from .hooks import JobEvent
 from .limits import Limit, RateLimit
 from .models import Job, JobState
@@ -30,6 +33,7 @@ __all__ = [
     "ContainerClosedError",
     "DependencyCycleError",
     "Explanation",
+    "Handler",
     "InvalidJobError",
     "InvalidStateError",
     "Job",
@@ -44,6 +48,8 @@ __all__ = [
     "LeaseLostError",
     "Limit",
     "NotJSONError",
+    "NotStartedError",
+    "PermanentError",
     "RateLimit",
     "Reason",
     "SchemaError",

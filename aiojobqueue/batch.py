@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from .errors import InvalidJobError, JobNotFoundError, NotJSONError
+from .handlers import Handler
 
 if TYPE_CHECKING:
-    from .executor import HandlerSpec
+    from .handlers import HandlerSpec
     from .settings import Settings
 
 #: inserts a batch's specs (on the given connection, or in a transaction of its own)
@@ -85,6 +86,9 @@ class _Spec:
     depends_on: list[Ref]
     parent: Ref | None
     is_container: bool
+    # no group / weight given: the parent container's (set by dag.plan_graph)
+    group_from_parent: bool = False
+    weight_from_parent: bool = False
     # filled during insert: graph nodes (see insert_specs), state, pending counter
     node: Node = ("n", 0)
     dep_nodes: list[Node] = field(default_factory=list)
@@ -114,11 +118,11 @@ class Batch:
     # -- building ---------------------------------------------------------------------------
     def add(
         self,
-        type: str,
+        type: str | Handler[..., Any],
         args: dict[str, Any] | None = None,
         *,
         group: str | None = None,
-        weight: int = 1,
+        weight: int | None = None,
         depends_on: Iterable[Ref] = (),
         run_after: timedelta | datetime | float | None = None,
         priority: int = 0,
@@ -127,7 +131,14 @@ class Batch:
         key: str | None = None,
         parent: Ref | None = None,
     ) -> JobRef:
-        """Add a job; returns a ref usable in ``depends_on``/``parent`` of later adds."""
+        """Add a job; returns a ref usable in ``depends_on``/``parent`` of later adds (its
+        ``.id`` once the batch has been inserted).
+
+        ``type`` is a job type or a ``Handler``. Where the handler is known (a Handler, or a
+        type this queue has a handler for) ``args`` must fit its signature, else
+        InvalidJobError naming the argument. Without ``group`` or ``weight`` a child of a
+        container takes its container's, any other job the queue's ``default_group`` and 1.
+        See ``JobQueue.enqueue`` for the other options."""
         return self._add(
             type, {} if args is None else args, False, group, weight, depends_on, run_after,
             priority, timeout, max_attempts, key, parent,
@@ -138,24 +149,25 @@ class Batch:
         type: str,
         *,
         group: str | None = None,
-        weight: int = 1,
+        weight: int | None = None,
         depends_on: Iterable[Ref] = (),
         priority: int = 0,
         key: str | None = None,
         parent: Ref | None = None,
     ) -> JobRef:
-        """Add a container: it never runs; it is done when all its children are done."""
+        """Add a container: it never runs; it is done when all its children are done. Its
+        children take its ``group`` and ``weight`` unless given their own."""
         return self._add(
             type, {}, True, group, weight, depends_on, None, priority, None, 1, key, parent
         )
 
     def _add(
         self,
-        type: str,
+        type: str | Handler[..., Any],
         args: Any,
         is_container: bool,
         group: str | None,
-        weight: int,
+        weight: int | None,
         depends_on: Iterable[Ref],
         run_after: timedelta | datetime | float | None,
         priority: int,
@@ -166,10 +178,19 @@ class Batch:
     ) -> JobRef:
         if self._done:
             raise InvalidJobError("this batch has already been inserted")
-        if not isinstance(type, str) or not type or len(type) > 200:
+        if isinstance(type, Handler):
+            handler: HandlerSpec | None = type.spec
+            type = type.type
+        elif not isinstance(type, str) or not type or len(type) > 200:
             raise InvalidJobError(f"job type must be a non-empty string of <= 200 chars: {type!r}")
+        else:
+            handler = self._handlers.get(type)
         if not isinstance(args, dict):
             raise InvalidJobError(f"args must be a dict, got {args.__class__.__name__}")
+        if handler is not None and handler.params is not None and not is_container:
+            why = handler.params.mismatch(args)
+            if why is not None:
+                raise InvalidJobError(f"args of {type!r} do not fit its handler: {why}")
         try:  # (not check_json: its message would be formatted on every call)
             args_json = _ENCODE(args)
         except (TypeError, ValueError) as exc:
@@ -177,19 +198,20 @@ class Batch:
         # These options at their defaults (a bulk load, with or without a group) cannot be
         # wrong: skip their checks. What comes from the queue's and the handler's settings
         # (group, timeout, max_attempts) is checked either way, in the same order.
-        plain = (weight.__class__ is int and weight == 1
-                 and priority.__class__ is int and priority == 0
+        plain = (weight is None and priority.__class__ is int and priority == 0
                  and key is None and run_after is None and parent is None
                  and depends_on.__class__ is tuple and not depends_on)
+        inherit_group = group is None and parent is not None
         group = self._settings.default_group if group is None else group
         if not isinstance(group, str) or not group or len(group) > 200:
             raise InvalidJobError(f"group must be a non-empty string of <= 200 chars: {group!r}")
-        if not plain:
-            if not _is_int(weight) or not 1 <= weight <= MAX_INT:
-                raise InvalidJobError(f"weight must be a (32-bit) int >= 1: {weight!r}")
-            if not _is_int(priority) or not -MAX_INT <= priority <= MAX_INT:
-                raise InvalidJobError(f"priority must be a (32-bit) int: {priority!r}")
-        handler = self._handlers.get(type)
+        inherit_weight = weight is None and parent is not None
+        if weight is None:
+            weight = 1
+        elif not _is_int(weight) or not 1 <= weight <= MAX_INT:
+            raise InvalidJobError(f"weight must be a (32-bit) int >= 1: {weight!r}")
+        if not plain and (not _is_int(priority) or not -MAX_INT <= priority <= MAX_INT):
+            raise InvalidJobError(f"priority must be a (32-bit) int: {priority!r}")
         if timeout is None and handler is not None:
             timeout = handler.timeout
         if timeout is not None and (
@@ -226,7 +248,7 @@ class Batch:
             _Spec(
                 ref, type, args_json, group, int(weight), int(priority),
                 None if timeout is None else float(timeout), int(max_attempts), key,
-                when, deps, parent, is_container,
+                when, deps, parent, is_container, inherit_group, inherit_weight,
             )
         )
         return ref

@@ -1,6 +1,7 @@
 """DAG planning: lock and read the existing jobs a batch refers to, reject cycles (container
-membership included), set each new job's state and pending count, flag every upstream,
-and order the new jobs in insert levels (parents before children)."""
+membership included), set each new job's state and pending count (and the group and weight
+a child inherits from its container), flag every upstream, and order the new jobs in insert
+levels (parents before children)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ async def plan_graph(
     )
     for i in range(0, len(ext_ids), CHUNK):
         stmt = db.ops.for_update(
-            select(J.c.id, J.c.kind, J.c.state, J.c.parent_id, J.c.pending)
+            select(J.c.id, J.c.kind, J.c.state, J.c.parent_id, J.c.pending, J.c.group_key,
+                   J.c.weight)
             .where(J.c.id.in_(ext_ids[i : i + CHUNK]))
             .order_by(J.c.id)
         )
@@ -67,8 +69,18 @@ async def plan_graph(
     parent: dict[Node, Any] = {("e", i): ("e", r.parent_id) for i, r in existing.items()}
     credited = {("e", i) for i, r in existing.items()
                 if r.state == S.WAITING and r.pending >= S.CREDIT}
+    # (group, weight) by node: a child given neither takes its container's
+    traits: dict[Node, tuple[str, int]] = {
+        ("e", i): (r.group_key, r.weight) for i, r in existing.items()}
     for s in order:
         n = s.node
+        if s.parent_node is not None and (s.group_from_parent or s.weight_from_parent):
+            group, weight = traits[s.parent_node]
+            if s.group_from_parent:
+                s.group = group
+            if s.weight_from_parent:
+                s.weight = weight
+        traits[n] = (s.group, s.weight)
         pending = 0
         for dn in s.dep_nodes:
             if state[dn] == S.DONE:

@@ -37,12 +37,22 @@ class ConfigurationError(AioJobQueueError, ValueError):
     """A JobQueue setting that cannot work (e.g. lease_ttl not above heartbeat_interval)."""
 
 
+class NotStartedError(ConfigurationError, RuntimeError):
+    """A method that needs the database was called before ``async with queue:`` (or
+    ``await queue.start()``)."""
+
+
 class SchemaError(ConfigurationError):
     """The database has no aiojobqueue schema under this prefix, or another version of it."""
 
 
 class UnsupportedDatabaseError(AioJobQueueError, RuntimeError):
     """The database or its version lacks what the claim needs (e.g. MySQL < 8, MariaDB < 10.6)."""
+
+
+class PermanentError(AioJobQueueError):
+    """Raised by a handler: this job fails for good now, whatever its ``retry_on`` and
+    attempts left (a re-run cannot succeed). Subclass it for your own permanent errors."""
 
 
 class JobFailed(AioJobQueueError):

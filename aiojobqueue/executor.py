@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import traceback
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select, update
@@ -16,8 +14,9 @@ from . import schema as S
 from .batch import Batch, check_json
 from .claim import Claimed
 from .database import Database
-from .errors import AioJobQueueError
+from .errors import AioJobQueueError, NotJSONError
 from .finalize import Outcome
+from .handlers import Handler, HandlerSpec
 from .sql import lit
 
 if TYPE_CHECKING:
@@ -26,16 +25,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("aiojobqueue.worker")
 
-Handler = Callable[..., Awaitable[Any]]
-
-
-@dataclass(frozen=True)
-class HandlerSpec:
-    """A registered handler and its per-type defaults."""
-
-    fn: Handler
-    timeout: float | None
-    max_attempts: int | None
+__all__ = ["HandlerSpec", "JobContext", "LeaseLostError", "run_attempt"]
 
 
 class LeaseLostError(AioJobQueueError):
@@ -128,7 +118,8 @@ class JobContext:
         """A batch to add jobs from inside the handler (a dynamic DAG)."""
         return self._q.batch()
 
-    async def enqueue(self, type: str, args: dict[str, Any] | None = None, **options: Any) -> int:
+    async def enqueue(self, type: str | Handler[..., Any], args: dict[str, Any] | None = None,
+                      **options: Any) -> int:
         """Enqueue one more job from inside the handler."""
         return await self._q.enqueue(type, args, **options)
 
@@ -171,14 +162,17 @@ async def _attempt(core: Core, c: Claimed, reasons: Reasons, ctx: JobContext) ->
     if spec is None:  # never claimed without a handler; defensive
         return Outcome(c.id, c.attempt, me, "failed", error={
             "type": "NoHandler", "message": f"no handler for {c.type!r}"}, retryable=False)
+    if spec.params is not None:  # no re-run can make them fit: fail for good
+        why = spec.params.mismatch(c.args)
+        if why is not None:
+            return Outcome(c.id, c.attempt, me, "failed", retryable=False, error={
+                "type": "InvalidJobError", "message": f"args do not fit: {why}",
+                "traceback": ""})
     limit = c.timeout if c.timeout is not None else spec.timeout
     tmo = asyncio.timeout(limit)
     try:
         async with tmo:
             result = await spec.fn(ctx, **c.args)
-        if result is not None:
-            check_json(result, f"result of {c.type!r}")
-        return Outcome(c.id, c.attempt, me, "done", result=result)
     except asyncio.CancelledError:
         reason = reasons.get((c.id, c.attempt))
         if reason is None:
@@ -191,20 +185,25 @@ async def _attempt(core: Core, c: Claimed, reasons: Reasons, ctx: JobContext) ->
         if reason in ("shutdown", "expired"):
             return Outcome(c.id, c.attempt, me, "released")
         return None
-    except TimeoutError as exc:
-        if tmo.expired():
+    except BaseException as exc:
+        if isinstance(exc, TimeoutError) and tmo.expired():  # a timeout is always retryable
             log.warning("job %s (%s) attempt %s timed out after %ss",
                         c.id, c.type, c.attempt, limit,
                         extra=_extra(me, c))
             return Outcome(c.id, c.attempt, me, "failed",
                            error=_error(exc, "TimeoutError", f"timed out after {limit}s"))
-        return Outcome(c.id, c.attempt, me, "failed", error=_error(exc))
-    except BaseException as exc:
         # The worker logs the outcome once committed (retry or failed for good); this one
         # carries the traceback for whoever debugs at DEBUG level.
         log.debug("job %s (%s) attempt %s raised %r", c.id, c.type, c.attempt, exc,
                   extra=_extra(me, c), exc_info=exc)
-        return Outcome(c.id, c.attempt, me, "failed", error=_error(exc))
+        return Outcome(c.id, c.attempt, me, "failed", error=_error(exc),
+                       retryable=spec.retryable(exc))
+    if result is not None:
+        try:
+            check_json(result, f"result of {c.type!r}")
+        except NotJSONError as exc:  # the same result again on a re-run: fail for good
+            return Outcome(c.id, c.attempt, me, "failed", error=_error(exc), retryable=False)
+    return Outcome(c.id, c.attempt, me, "done", result=result)
 
 
 def _extra(me: str, c: Claimed) -> dict[str, Any]:

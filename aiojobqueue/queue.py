@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
@@ -21,25 +21,37 @@ from .batch import MAX_ID, Batch, JobRef
 from .claim import Claimed, Claimer
 from .core import Core, Signals
 from .database import Database
-from .dialects.base import dialect_for, engine_for_url
-from .errors import ConfigurationError, JobCancelled, JobFailed, JobNotFoundError
-from .executor import Handler, HandlerSpec, JobContext
+from .dialects.base import async_url, dialect_for, listen_url_for, open_engine
+from .errors import (
+    ConfigurationError,
+    JobCancelled,
+    JobFailed,
+    JobNotFoundError,
+    NotStartedError,
+)
+from .executor import JobContext
 from .explain import Explanation, explain
 from .fanout import SplitReleases
 from .finalize import Finalizer
+from .handlers import Handler, HandlerSpec, Params, RetryOn, retry_types
 from .hooks import Hooks
 from .insert import Inserter
 from .limits import Limit
 from .migrate import check, install_routines, upgrade
 from .models import Job, JobState
 from .periodic import Schedule, make_schedule
-from .settings import Settings
+from .settings import DEFAULT_POOL_SIZE, Settings
 from .settle import Settler
 from .worker import Worker
 
 log = logging.getLogger("aiojobqueue")
 T = TypeVar("T")
 V = TypeVar("V")
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_NOT_STARTED = ("the queue is not started: open it with `async with queue:` (or "
+                "`await queue.start()`) before using the database")
 
 
 class _Setting(Generic[V]):
@@ -65,10 +77,17 @@ class _Setting(Generic[V]):
 class JobQueue:
     """A DAG job queue whose only state is your database.
 
-    ``url`` is a SQLAlchemy async URL (``sqlite+aiosqlite:///jobs.db``,
-    ``postgresql+asyncpg://…``, ``mysql+aiomysql://…``) or an ``AsyncEngine``.
+    ``url`` is a SQLAlchemy URL (``sqlite:///jobs.db``, ``postgresql://…``, ``mysql://…``;
+    a URL naming no driver gets its async one: aiosqlite, asyncpg, aiomysql) or an
+    ``AsyncEngine``.
     ``concurrency`` caps jobs in flight across every worker on the database (None: no global
     cap); ``capacity`` caps jobs in flight in this process. See the README for the rest.
+
+    ``pool_size`` bounds the connections of the engine built from ``url`` (no overflow: the
+    process never holds more, and none is opened and closed per burst). On
+    PostgreSQL a serving worker holds one more, for LISTEN, opened to ``listen_url`` where
+    given: a direct connection when ``url`` goes through a transaction pooler such as
+    PgBouncer (see docs/deploying.md).
     """
 
     def __init__(
@@ -89,16 +108,23 @@ class JobQueue:
         retry_backoff_max: float = 300.0,
         default_group: str = "default",
         worker_id: str | None = None,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        listen_url: str | None = None,
     ) -> None:
+        if isinstance(url, AsyncEngine) and pool_size != DEFAULT_POOL_SIZE:
+            raise ConfigurationError(
+                "pool_size applies to the engine aiojobqueue builds from a URL; size the "
+                "pool of a ready-made engine where you create it")
         self._settings = Settings.build(
             limits, group_limits, concurrency=concurrency, capacity=capacity,
             lease_ttl=lease_ttl, heartbeat_interval=heartbeat_interval,
             poll_interval=poll_interval, shutdown_timeout=shutdown_timeout, prefix=prefix,
             max_attempts=max_attempts, retry_backoff=retry_backoff,
             retry_backoff_max=retry_backoff_max, default_group=default_group,
-            worker_id=worker_id or "",
+            worker_id=worker_id or "", pool_size=pool_size,
+            listen_url=listen_url_for(url, listen_url),
         )
-        self._url = url
+        self._url = async_url(url) if isinstance(url, str) else url
         self._t = S.build_tables(prefix)
         self._handlers: dict[str, HandlerSpec] = {}
         self._hooks = Hooks()
@@ -122,6 +148,7 @@ class JobQueue:
     retry_backoff_max: _Setting[float] = _Setting()
     default_group: _Setting[str] = _Setting()
     worker_id: _Setting[str] = _Setting()
+    pool_size: _Setting[int] = _Setting()
 
     @property
     def limits(self) -> list[Limit]:
@@ -140,19 +167,37 @@ class JobQueue:
 
     # -- registration ---------------------------------------------------------------------
     def handler(
-        self, type: str, *, timeout: float | None = None, max_attempts: int | None = None
-    ) -> Callable[[Handler], Handler]:
-        """Register ``async def fn(ctx, **args)`` as the handler of jobs of ``type``."""
+        self,
+        type: str,
+        *,
+        timeout: float | None = None,
+        max_attempts: int | None = None,
+        retry_on: RetryOn = Exception,
+    ) -> Callable[[Callable[P, Coroutine[Any, Any, R]]], Handler[P, R]]:
+        """Register ``async def fn(ctx, **args)`` as the handler of jobs of ``type``.
+
+        ``timeout`` and ``max_attempts`` are the type's defaults (an enqueue may override
+        them). ``retry_on``: the exception classes worth another attempt (default: every
+        Exception); any other exception, and a ``PermanentError``, fails the job for good at
+        once. A timeout and a lost lease always count as retryable attempts.
+
+        Returns a ``Handler``: still the coroutine function, with ``.enqueue(args, ...)``.
+        Enqueues of this type from this queue check their args against ``fn``'s signature.
+        """
         if timeout is not None and timeout <= 0:
             raise ConfigurationError(f"timeout must be > 0: {timeout!r}")
         if max_attempts is not None and max_attempts < 1:
             raise ConfigurationError(f"max_attempts must be >= 1: {max_attempts!r}")
+        retry = retry_types(retry_on, type)
 
-        def register(fn: Handler) -> Handler:
+        def register(fn: Callable[P, Coroutine[Any, Any, R]]) -> Handler[P, R]:
+            if isinstance(fn, Handler):  # registered again (another type or queue)
+                fn = fn.fn
             if not asyncio.iscoroutinefunction(fn):
                 raise ConfigurationError(f"handler for {type!r} must be an async function")
-            self._handlers[type] = HandlerSpec(fn, timeout, max_attempts)
-            return fn
+            spec = HandlerSpec(fn, timeout, max_attempts, retry, Params.of(fn, type))
+            self._handlers[type] = spec
+            return Handler(type, spec, self.enqueue)
 
         return register
 
@@ -205,9 +250,9 @@ class JobQueue:
         if isinstance(self._url, AsyncEngine):
             engine = self._url
         else:
-            engine = engine_for_url(self._url)
+            engine = await open_engine(self._url, self._settings.pool_size)
             self._owns_engine = True
-        ops = dialect_for(engine, self._t)
+        ops = dialect_for(engine, self._t, self._settings.listen_url)
         self._engine = engine = ops.prepare_engine(engine)
         s = self._settings
         db = Database(engine, ops, self._t, s.worker_id)
@@ -250,14 +295,14 @@ class JobQueue:
 
     @property
     def engine(self) -> AsyncEngine:
-        """The started queue's engine (raises ConfigurationError before ``start()``)."""
+        """The started queue's engine (raises NotStartedError before ``start()``)."""
         if self._engine is None:
-            raise ConfigurationError("the queue is not started: use `async with queue:` first")
+            raise NotStartedError(_NOT_STARTED)
         return self._engine
 
     def _started(self) -> Core:
         if self._core is None:
-            raise ConfigurationError("the queue is not started: use `async with queue:` first")
+            raise NotStartedError(_NOT_STARTED)
         return self._core
 
     # -- transactions, for the operator tools (admin.py) ----------------------------------
@@ -282,11 +327,11 @@ class JobQueue:
 
     async def enqueue(
         self,
-        type: str,
+        type: str | Handler[..., Any],
         args: dict[str, Any] | None = None,
         *,
         group: str | None = None,
-        weight: int = 1,
+        weight: int | None = None,
         depends_on: Iterable[JobRef | int] = (),
         run_after: timedelta | datetime | float | None = None,
         priority: int = 0,
@@ -295,7 +340,13 @@ class JobQueue:
         key: str | None = None,
         parent: JobRef | int | None = None,
     ) -> int:
-        """Enqueue one job; returns its id (or, with a live ``key``, the existing job's id)."""
+        """Enqueue one job and return its id (with a live ``key``: the existing job's id).
+
+        ``type`` is a job type or a ``Handler``; where this process knows the handler, the
+        args must fit its signature (else InvalidJobError, and nothing is inserted). A type
+        with no handler here is accepted: another process may serve it. Options are those
+        of ``Batch.add``, which returns a JobRef instead: inside a batch the id exists only
+        once the batch has been inserted (``ref.id``)."""
         b = self.batch()
         ref = b.add(type, args, group=group, weight=weight, depends_on=depends_on,
                     run_after=run_after, priority=priority, timeout=timeout,

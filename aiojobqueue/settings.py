@@ -14,9 +14,14 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from sqlalchemy.engine import URL
+
 from .errors import ConfigurationError
 from .limits import Limit, RateLimit, check_limits
 from .schema import DEFAULT_PREFIX
+
+#: connections of the engine a queue builds from a URL (JobQueue's ``pool_size``)
+DEFAULT_POOL_SIZE = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +42,10 @@ class Settings:
     retry_backoff_max: float = 300.0
     default_group: str = "default"
     worker_id: str = ""
+    pool_size: int = DEFAULT_POOL_SIZE
+    #: where the push listener connects (already checked by the dialect); None: the engine's
+    #: own URL
+    listen_url: URL | None = None
     #: the RateLimits (counted in the database, under the claim gate) ...
     db_limits: tuple[RateLimit, ...] = field(init=False)
     #: ... and the other limits (asked in this process before each round)
@@ -64,6 +73,11 @@ class Settings:
         for g, n in self.group_limits.items():
             if not isinstance(n, int) or n < 0:
                 raise ConfigurationError(f"group limit for {g!r} must be an int >= 0: {n!r}")
+        n = self.pool_size
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ConfigurationError(f"pool_size must be an int >= 1: {n!r}")
+        if self.listen_url is not None and not isinstance(self.listen_url, URL):
+            raise ConfigurationError(f"listen_url must be a parsed URL: {self.listen_url!r}")
         check_limits(self.limits)
         put = object.__setattr__  # (frozen: the derived fields are set once, here)
         put(self, "limits", tuple(self.limits))

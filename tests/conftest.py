@@ -11,7 +11,7 @@ import asyncio
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -26,6 +26,10 @@ MY_URL = os.environ.get("AIOJOBQUEUE_TEST_MYSQL", "mysql+aiomysql://root@127.0.0
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 DATABASES = ["sqlite", "postgresql", "mariadb"]
+#: Suites whose database tests also run on PostgreSQL through PgBouncer in transaction
+#: pooling mode (db "pgbouncer", a server the session starts: tests/pgbouncer.py).
+PGBOUNCER_SUITES = {"test_semantics.py", "test_enqueue.py", "test_sched.py",
+                    "test_pgbouncer.py", "test_connections.py"}
 
 
 def _reachable(host: str, port: int) -> bool:
@@ -50,6 +54,41 @@ def server_url(name: str) -> str:
     return url
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Add "pgbouncer" to the databases of the PGBOUNCER_SUITES (a parametrize mark, which
+    takes precedence over the ``db`` fixture's own params); other suites are unchanged."""
+    def names(mark: pytest.Mark) -> list[str]:
+        arg = mark.args[0]
+        return [n.strip() for n in arg.split(",")] if isinstance(arg, str) else list(arg)
+
+    marks = metafunc.definition.iter_markers("parametrize")
+    if ("db" in metafunc.fixturenames and metafunc.definition.path.name in PGBOUNCER_SUITES
+            and not any("db" in names(m) for m in marks)):
+        metafunc.definition.add_marker(
+            pytest.mark.parametrize("db", [*DATABASES, "pgbouncer"], indirect=True))
+
+
+@pytest.fixture(scope="session")
+def pgbouncer() -> Iterator[Any]:
+    """PgBouncer (transaction pooling, 4 server connections) in front of the test
+    PostgreSQL, for the whole session; skips (fails in CI) where it is not installed."""
+    from pgbouncer import PgBouncer
+
+    server_url("postgresql")
+    if PgBouncer.binary() is None:
+        msg = "pgbouncer is not installed (apt-get install pgbouncer)"
+        if IN_CI:
+            pytest.fail(msg + " (CI=true: every database test must run)")
+        pytest.skip(msg)
+    bouncer = PgBouncer(PG_URL)
+    bouncer.start()
+    try:
+        yield bouncer
+    finally:
+        bouncer.stop()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests that restart the database servers run last, so nothing else sees the outage."""
     items.sort(key=lambda item: item.get_closest_marker("restart") is not None)
@@ -62,9 +101,11 @@ def db(request: pytest.FixtureRequest, tmp_path: Any) -> str:
 
 
 @pytest.fixture
-def db_url(db: str, tmp_path: Any) -> str:
+def db_url(db: str, tmp_path: Any, request: pytest.FixtureRequest) -> str:
     if db == "sqlite":
         return f"sqlite+aiosqlite:///{tmp_path}/jobs.db"
+    if db == "pgbouncer":
+        return str(request.getfixturevalue("pgbouncer").url)
     return server_url(db)
 
 
@@ -83,7 +124,8 @@ async def drop_tables(url: str, prefix: str) -> None:
 
 
 @pytest_asyncio.fixture
-async def make_queue(db_url: str, prefix: str) -> AsyncIterator[Callable[..., JobQueue]]:
+async def make_queue(db_url: str, prefix: str, db: str
+                     ) -> AsyncIterator[Callable[..., JobQueue]]:
     """``make_queue(**options)`` -> a JobQueue on the database under test (not started).
 
     Defaults are fast for tests (short poll and lease); tables are dropped afterwards."""
@@ -104,7 +146,8 @@ async def make_queue(db_url: str, prefix: str) -> AsyncIterator[Callable[..., Jo
     for q in made:
         await q.close()
     if not db_url.startswith("sqlite"):
-        await drop_tables(db_url, prefix)
+        # behind PgBouncer: the same database, reached directly
+        await drop_tables(PG_URL if db == "pgbouncer" else db_url, prefix)
 
 
 @pytest_asyncio.fixture

@@ -64,6 +64,7 @@ def _hook(engine: Engine) -> Engine:
 
 class SQLiteOps(DialectOps):
     name = "sqlite"
+    async_scheme = "sqlite+aiosqlite"
 
     def round_kind(self, routines: bool) -> type[ParallelRound]:
         # The database runs in this process, one writer at a time: a round's finalize and

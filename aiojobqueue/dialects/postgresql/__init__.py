@@ -1,7 +1,7 @@
 """PostgreSQL: one UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING,
 LISTEN/NOTIFY on a dedicated connection outside the pool to wake idle workers (listener.py),
-the one-call finalize routines (routines.py and the .sql files beside it) and the bulk
-insert (insert.py)."""
+the one-call finalize routines (routines.py and the .sql files beside it), the bulk insert
+(insert.py), and what a transaction pooler such as PgBouncer needs (pooler.py)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,19 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import CTE, BigInteger, Select, Text, any_, bindparam, cast, func, literal, select
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from ...errors import ConfigurationError
+from ...schema import Tables
 from ..base import DialectOps, InsertPath, Listener
 from . import routines
 from .insert import PgInsert, PgInsertPath
-from .listener import PgListener
+from .listener import PROBE_WAIT, Deafness, PgListener
+from .pooler import POOLED_CONNECT_ARGS, pooler_connect_args, refuse_caching_engine
+
+__all__ = ["POOLED_CONNECT_ARGS", "PROBE_WAIT", "PostgresOps"]
 
 if TYPE_CHECKING:
     from ...worker.rounds import ParallelRound
@@ -28,6 +34,28 @@ _TRANSIENT = {"40P01", "40001", "55P03", "57P01", "57P02", "57P03", "08000", "08
 
 class PostgresOps(PgInsert, DialectOps):
     name = "postgresql"
+    async_scheme = "postgresql+asyncpg"
+
+    def __init__(self, tables: Tables) -> None:
+        super().__init__(tables)
+        self._deaf = Deafness()
+
+    @staticmethod
+    async def connect_args(url: URL) -> dict[str, Any]:
+        return await pooler_connect_args(url)
+
+    @staticmethod
+    def parse_listen_url(url: URL) -> URL:
+        if url.get_backend_name() not in ("postgresql", "postgres"):
+            raise ConfigurationError(
+                f"listen_url must be a PostgreSQL URL (LISTEN/NOTIFY): {url.drivername!r}")
+        if url.drivername in ("postgresql", "postgres"):
+            return url.set(drivername="postgresql+asyncpg")
+        return url
+
+    async def check_server(self, conn: AsyncConnection) -> None:
+        # behind a pooler, an engine that keeps prepared statements fails at random later
+        await refuse_caching_engine(conn)
 
     def round_kind(self, routines: bool) -> type[ParallelRound]:
         # Atomic statements in autocommit; with the routines, a success is one call that
@@ -112,7 +140,7 @@ class PostgresOps(PgInsert, DialectOps):
         return await routines.routine_exists(conn, name)
 
     def listener(self, engine: AsyncEngine) -> Listener:
-        return PgListener(engine, self.channel())
+        return PgListener(engine, self.channel(), self.listen_url, self._deaf)
 
     def _is_transient(self, exc: BaseException) -> bool:
         if isinstance(exc, DBAPIError):

@@ -4,31 +4,59 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from typing import Any
 
+from sqlalchemy import func, select
+from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
 from ..base import Listener, WakeCallback
+from .pooler import POOLED_CONNECT_ARGS
 
 log = logging.getLogger("aiojobqueue.listener")
+
+#: seconds the listener waits for its own NOTIFY before it concludes none will come
+PROBE_WAIT = 5.0
+
+
+class Deafness:
+    """Whether a queue's listener already said that notifications do not arrive (shared by
+    the listeners of one queue, so the warning comes once)."""
+
+    def __init__(self) -> None:
+        self.warned = False
 
 
 class PgListener(Listener):
     """LISTEN on its own NullPool connection: never returned to a pool, never runs SQLAlchemy
-    statements (a transaction left open there would hold back every notification)."""
+    statements (a transaction left open there would hold back every notification).
 
-    def __init__(self, engine: AsyncEngine, channel: str) -> None:
-        self._url = engine.url
+    It connects to ``listen_url`` where given (a direct connection when ``engine`` goes
+    through a transaction pooler), else to the engine's URL. Once listening it sends itself
+    a NOTIFY through ``engine``; if that does not come back within PROBE_WAIT seconds (a
+    transaction pooler passes LISTEN to some server connection and never forwards what it
+    receives), it logs one warning and returns: the worker polls."""
+
+    def __init__(self, engine: AsyncEngine, channel: str, listen_url: URL | None,
+                 deaf: Deafness) -> None:
+        self._engine = engine
+        self._url = listen_url or engine.url
         self._channel = channel
+        self._deaf = deaf
 
     async def run(self, on_wake: WakeCallback) -> None:
-        engine = create_async_engine(self._url, poolclass=NullPool)
+        # its statements are the dialect's first-connect queries, LISTEN and SELECT 1: no
+        # cache is worth keeping, and none may outlive its transaction behind a pooler
+        engine = create_async_engine(self._url, poolclass=NullPool,
+                                     connect_args=POOLED_CONNECT_ARGS)
         delay = 0.1
         try:
             while True:
                 try:
-                    await self._listen_once(engine, on_wake)
+                    if not await self._listen_once(engine, on_wake):
+                        return
                     delay = 0.1
                 except asyncio.CancelledError:
                     raise
@@ -40,15 +68,36 @@ class PgListener(Listener):
         finally:
             await engine.dispose()
 
-    async def _listen_once(self, engine: AsyncEngine, on_wake: WakeCallback) -> None:
+    async def _probe(self, came: asyncio.Future[None], payload: str) -> bool:
+        """Send ``payload`` on the channel through the queue's engine (the path every other
+        worker's NOTIFY takes) and wait for it to come back."""
+        async with self._engine.connect() as conn:
+            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+            await conn.execute(select(func.pg_notify(self._channel, payload)))
+        try:
+            async with asyncio.timeout(PROBE_WAIT):
+                await asyncio.shield(came)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _listen_once(self, engine: AsyncEngine, on_wake: WakeCallback) -> bool:
+        """Listen until the connection is lost (raises); False if notifications do not
+        arrive on it."""
         conn = await engine.connect()
         try:
             raw = await conn.get_raw_connection()
             apg: Any = raw.driver_connection
-            lost = asyncio.get_running_loop().create_future()
+            loop = asyncio.get_running_loop()
+            lost, came = loop.create_future(), loop.create_future()
+            probe = f"ajq-probe:{uuid.uuid4().hex}"
 
             def _on_notify(_c: Any, _pid: int, _ch: str, payload: str) -> None:
-                on_wake(payload)
+                if payload == probe:
+                    if not came.done():
+                        came.set_result(None)
+                else:
+                    on_wake(payload)
 
             def _on_close(_c: Any) -> None:
                 if not lost.done():
@@ -58,6 +107,16 @@ class PgListener(Listener):
             apg.add_termination_listener(_on_close)
             on_wake("")
             try:
+                if not await self._probe(came, probe):
+                    if not self._deaf.warned:
+                        self._deaf.warned = True
+                        log.warning(
+                            "notifications on %s do not arrive (its own NOTIFY did not come "
+                            "back within %.0fs: a transaction pooler such as PgBouncer?); "
+                            "workers poll every poll_interval instead. Give "
+                            "JobQueue(listen_url=...) a direct connection to be woken at once",
+                            self._url.render_as_string(hide_password=True), PROBE_WAIT)
+                    return False
                 while not lost.done():
                     # is_closed() alone misses a silently dead socket: probe it now and then.
                     try:  # asyncio.timeout: 3.11's wait_for can swallow a cancellation

@@ -1,0 +1,70 @@
+"""PostgreSQL behind a transaction pooler (PgBouncer ``pool_mode = transaction``).
+
+Each transaction may run on another server connection, so nothing may outlive one: no
+session ``SET`` (only function-level ``SET`` in the routines), no session advisory lock, no
+prepared statement kept across transactions. pooler_connect_args() finds such a pooler when
+the queue builds its engine and turns the statement caches off; refuse_caching_engine()
+stops a ready-made engine that keeps them; the listener (listener.py) checks that its own
+notification comes back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
+from sqlalchemy.pool import NullPool
+
+from ...errors import ConfigurationError
+
+#: asyncpg options under a transaction pooler: SQLAlchemy's statement cache off (it would
+#: keep named statements across transactions) and asyncpg's too, which makes asyncpg prepare
+#: each statement unnamed: Parse/Describe/Flush, then Bind/Execute/Sync, so the pooler keeps
+#: one server connection for both, and no name can clash with another client's on a shared
+#: server connection. Costs a round trip and a parse per statement.
+POOLED_CONNECT_ARGS: dict[str, Any] = {"statement_cache_size": 0,
+                                       "prepared_statement_cache_size": 0}
+
+
+async def backend_pids(conn: AsyncConnection) -> tuple[int, int]:
+    """(the backend pid the connection announced at start-up, the server's own)."""
+    raw = await conn.get_raw_connection()
+    apg: Any = raw.driver_connection
+    real = (await conn.exec_driver_sql("SELECT pg_backend_pid()")).scalar_one()
+    return int(apg.get_server_pid()), int(real)
+
+
+async def pooler_connect_args(url: URL) -> dict[str, Any]:
+    """POOLED_CONNECT_ARGS where ``url`` reaches PostgreSQL through a pooler, else {}.
+
+    A pooler (PgBouncer, and the others that multiplex) hands the client a made-up backend
+    key at start-up, since the client never owns a server connection: the pid the
+    connection announced is not the pid ``pg_backend_pid()`` reports. The probe runs on a
+    throwaway connection that itself prepares nothing by name."""
+    engine = create_async_engine(url, poolclass=NullPool, connect_args=POOLED_CONNECT_ARGS)
+    try:
+        async with engine.connect() as conn:
+            announced, real = await backend_pids(conn)
+    finally:
+        await engine.dispose()
+    return dict(POOLED_CONNECT_ARGS) if announced != real else {}
+
+
+async def refuse_caching_engine(conn: AsyncConnection) -> None:
+    """Behind a pooler, an engine that keeps prepared statements (one the caller built
+    without POOLED_CONNECT_ARGS) fails at random later: raise ConfigurationError now."""
+    announced, real = await backend_pids(conn)
+    if announced == real:
+        return
+    raw = await conn.get_raw_connection()
+    adapted: Any = raw.dbapi_connection
+    apg: Any = raw.driver_connection
+    caching = (getattr(adapted, "_prepared_statement_cache", None) is not None
+               or bool(getattr(apg, "_stmt_cache_enabled", False)))
+    if caching:
+        raise ConfigurationError(
+            "this engine reaches PostgreSQL through a connection pooler (the backend pid "
+            "differs from the one the connection announced) but keeps prepared "
+            "statements, which a transaction pooler breaks: create it with "
+            f"connect_args={POOLED_CONNECT_ARGS!r}, or pass the URL to JobQueue")
