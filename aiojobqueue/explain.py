@@ -261,7 +261,9 @@ async def _waiting_on(db: Database, conn: AsyncConnection, row: Any) -> Reason:
         text = "Its dependencies have finished; it is being released."
     else:
         inside = f" ({len(members)} inside containers)" if members else ""
-        text = f"It waits on {total} unfinished job(s){inside}: {_list(shown)}."
+        text = (f"It waits on job {ids[0]}{' (inside a container)' if members else ''}, "
+                "which has not finished." if total == 1 else
+                f"It waits on {total} unfinished jobs{inside}: {_list(shown)}.")
     return Reason("waiting_on", text, {"ids": shown, "direct": sorted(direct),
                                        "more": max(total - len(shown), 0)})
 

@@ -119,7 +119,7 @@ async def test_waiting_on_names_unfinished_jobs_through_containers(
         # a job whose container waits: it waits on the container's dependencies
         ex = await q.explain(x.id)
         assert ex.codes == ["waiting_on"] and ex.reasons[0].data["ids"] == [a]
-        assert f"waits on 1 unfinished job(s): {a}" in str(ex)
+        assert f"It waits on job {a}, which has not finished." in str(ex)
         # an active container waits on its unfinished members
         eb = await q.explain(box.id)
         assert eb.codes == ["waiting_on"]
