@@ -1,7 +1,5 @@
 """aiojobqueue: an asyncio-native, crash-safe DAG job scheduler on your relational database."""
 
-import logging as _logging
-
 from .batch import Batch, JobRef
 from .errors import (
     AioJobQueueError,
@@ -20,6 +18,7 @@ from .errors import (
     UnsupportedDatabaseError,
 )
 from .executor import JobContext, LeaseLostError
+from .explain import Explanation, Reason
 from .handlers import Handler
 from .hooks import JobEvent
 from .limits import Limit, RateLimit
@@ -33,6 +32,7 @@ __all__ = [
     "ConfigurationError",
     "ContainerClosedError",
     "DependencyCycleError",
+    "Explanation",
     "Handler",
     "InvalidJobError",
     "InvalidStateError",
@@ -51,12 +51,9 @@ __all__ = [
     "NotStartedError",
     "PermanentError",
     "RateLimit",
+    "Reason",
     "SchemaError",
     "UnsupportedDatabaseError",
     "metadata",
 ]
 __version__ = "0.1.0"
-
-# A library installs no handler of its own; this keeps Python's last-resort handler from
-# printing our warnings when the application has not configured logging.
-_logging.getLogger("aiojobqueue").addHandler(_logging.NullHandler())

@@ -24,6 +24,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .dialects.base import DialectOps
+from .logs import brief
 from .schema import Tables
 
 log = logging.getLogger("aiojobqueue.worker")
@@ -89,7 +90,7 @@ class Database:
             except Exception as exc:
                 if not self.is_outage(exc):
                     raise
-                log.warning("%s: database error (%s); retrying in %.1fs", name, exc, delay,
+                log.warning("%s: database error (%s); retrying in %.1fs", name, brief(exc), delay,
                             extra={"worker": self.worker_id})
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select, update
 
+from . import progress
 from . import schema as S
 from .batch import Batch, check_json
 from .claim import Claimed
@@ -41,6 +42,7 @@ class JobContext:
         self._c = claimed
         #: The state saved by the last ``checkpoint()`` of an earlier attempt, else None.
         self.checkpointed: Any = claimed.checkpoint
+        self._progress: progress.Reporter | None = None
 
     @property
     def job_id(self) -> int:
@@ -88,6 +90,17 @@ class JobContext:
             raise LeaseLostError(f"job {c.id} attempt {c.attempt} no longer holds its lease")
         self.checkpointed = state
 
+    async def progress(
+        self, done: float, total: float | None = None, message: str | None = None
+    ) -> None:
+        """Report how far the job has got (``Job.progress``): cheap to call often, since
+        reports are coalesced to at most one write per second (the last one always lands
+        before the attempt's outcome). Fenced like ``checkpoint()``: raises LeaseLostError
+        once this attempt lost its lease; InvalidJobError for a bad value."""
+        if self._progress is None:
+            self._progress = progress.Reporter(self._db, self._me, self._c)
+        await self._progress.report(done, total, message)
+
     async def dependency_results(self) -> dict[int, Any]:
         """``{dependency id: result}`` of the jobs this one depends on."""
         J, D = self._db.t.jobs, self._db.t.deps
@@ -126,6 +139,20 @@ Reasons = dict[tuple[int, int], str]
 
 
 async def run_attempt(core: Core, c: Claimed, reasons: Reasons) -> Outcome | None:
+    """``_attempt()``; a progress report it held back lands before the outcome is returned."""
+    ctx = core.make_context(c)
+    try:
+        outcome = await _attempt(core, c, reasons, ctx)
+    except BaseException:
+        if ctx._progress is not None:
+            ctx._progress.abandon()
+        raise
+    if ctx._progress is not None:
+        await ctx._progress.close(write=outcome is not None)
+    return outcome
+
+
+async def _attempt(core: Core, c: Claimed, reasons: Reasons, ctx: JobContext) -> Outcome | None:
     """Run ``c`` to an Outcome. ``reasons[(c.id, c.attempt)]`` says why the worker cancelled
     it, if it did: "cancel" (cancel requested: the job ends cancelled), "lost" (the lease
     belongs to someone else: nothing to write), "shutdown" (graceful stop) or "expired" (the
@@ -145,7 +172,7 @@ async def run_attempt(core: Core, c: Claimed, reasons: Reasons) -> Outcome | Non
     tmo = asyncio.timeout(limit)
     try:
         async with tmo:
-            result = await spec.fn(core.make_context(c), **c.args)
+            result = await spec.fn(ctx, **c.args)
     except asyncio.CancelledError:
         reason = reasons.get((c.id, c.attempt))
         if reason is None:

@@ -37,6 +37,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .database import Database
+from .logs import brief
 
 log = logging.getLogger("aiojobqueue")
 
@@ -77,7 +78,7 @@ class SplitReleases:
                 took = await self.db.autocommit(lambda conn: conn.scalar(stmt, {"n": 1}))
             except Exception as exc:  # the part stays; a sweep takes it
                 log.warning("releasing the rest of a wide fan-out failed (%s); a sweep "
-                            "will", exc)
+                            "will", brief(exc))
                 break
             if not took:
                 break

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import bindparam, false, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from . import history
 from . import schema as S
 from .database import Database
 from .policy import backoff
@@ -232,6 +233,10 @@ class Finalizer:
             if kind == "done":
                 done_rows.append({"i": o.job_id, "r": o.result})
             elif kind == "failed":
+                # the attempt joins Job.errors in the same UPDATE (the failure path only:
+                # a success writes no history); the row is locked above
+                errors = await history.with_failure(conn, J, o.job_id, o.attempt, o.error,
+                                                    o.owner)
                 if o.retryable and row.attempts < row.attempt_limit:
                     delay = backoff(row.attempts, self.settings.retry_backoff,
                                     self.settings.retry_backoff_max)
@@ -239,14 +244,14 @@ class Finalizer:
                     await conn.execute(
                         update(J).where(J.c.id == o.job_id).values(
                             state=S.SCHEDULED, error=o.error, run_after=utcnow_plus(delay),
-                            **cleared,
+                            errors=errors, **cleared,
                         )
                     )
                 else:
                     await conn.execute(
                         update(J).where(J.c.id == o.job_id).values(
                             state=S.FAILED, error=o.error, finished_at=now, live_key=None,
-                            **cleared,
+                            errors=errors, **cleared,
                         )
                     )
                     finished.append((o.job_id, S.FAILED))

@@ -89,6 +89,8 @@ async def _upgrade_once(db: Database) -> int:
         await _v2_to_v3(db)
     if 0 < found < 4:
         await _v3_to_v4(db)
+    if 0 < found < 6:
+        await _v5_to_v6(db)
     async with db.engine.begin() as conn:
         await conn.run_sync(db.t.metadata.create_all, checkfirst=True)
     async with db.engine.begin() as conn:
@@ -189,6 +191,26 @@ async def _v3_to_v4(db: Database) -> None:
 
             await conn.run_sync(recreate)
         await conn.execute(update(M).where(M.c.name == "schema_version").values(value="4"))
+
+
+async def _v5_to_v6(db: Database) -> None:
+    """v6: nullable columns for observability: ``progress`` and ``errors`` on jobs;
+    ``types``, ``capacity`` and ``config`` on workers. A nullable column without a default
+    rewrites no row on any of the three databases; each is added only if missing."""
+    async with db.engine.begin() as conn:
+        await db.ops.lock_gate(conn)  # one process migrates; the others wait, then see v6
+        for table, names in ((db.t.jobs, ("progress", "errors")),
+                             (db.t.workers, ("types", "capacity", "config"))):
+            def columns(sync_conn: Any, name: str = table.name) -> set[str]:
+                from sqlalchemy import inspect
+
+                return {c["name"] for c in inspect(sync_conn).get_columns(name)}
+
+            have = await conn.run_sync(columns)
+            for name in names:
+                if name not in have:
+                    kind = table.c[name].type.compile(dialect=conn.dialect)
+                    await conn.execute(text(f"ALTER TABLE {table.name} ADD COLUMN {name} {kind}"))
 
 
 @dataclass(frozen=True)

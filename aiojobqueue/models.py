@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -50,6 +50,15 @@ class Job:
     run_after: datetime | None
     started_at: datetime | None
     finished_at: datetime | None
+    #: What the handler last reported with ``ctx.progress()``: ``{"done", "total",
+    #: "message", "at"}`` (``at``: a datetime, UTC), or None.
+    progress: dict[str, Any] | None = None
+    #: Every failed attempt, oldest first, each ``{"attempt", "type", "message",
+    #: "traceback", "worker", "at"}``; kept when the job later succeeds. Bounded: the last
+    #: ``history.KEEP`` (20) attempts, with ``errors_omitted`` counting the older ones.
+    errors: tuple[dict[str, Any], ...] = field(default=())
+    #: How many failed attempts older than those in ``errors`` were dropped.
+    errors_omitted: int = 0
 
     @property
     def terminal(self) -> bool:

@@ -14,6 +14,7 @@ from typing import Any, Generic, ParamSpec, TypeVar
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
+from . import history, progress
 from . import schema as S
 from .actions import Actions
 from .batch import MAX_ID, Batch, JobRef
@@ -29,6 +30,7 @@ from .errors import (
     NotStartedError,
 )
 from .executor import JobContext
+from .explain import Explanation, explain
 from .fanout import SplitReleases
 from .finalize import Finalizer
 from .handlers import Handler, HandlerSpec, Params, RetryOn, retry_types
@@ -368,6 +370,12 @@ class JobQueue:
 
         return await self._started().db.read(read)
 
+    async def explain(self, job_id: int) -> Explanation:
+        """Why the job is not running now: ``Explanation.reasons`` (see aiojobqueue.explain
+        for the codes); ``str()`` of it reads as a short paragraph. Raises JobNotFoundError."""
+        _check_id(job_id)
+        return await explain(self._started(), job_id)
+
     async def wait(self, job_id: int, timeout: float | None = None) -> Any:
         """Wait until the job is terminal; return its result or raise JobFailed/JobCancelled.
 
@@ -432,6 +440,7 @@ def _check_id(job_id: Any) -> None:
 
 
 def _to_job(row: Any, deps: list[int]) -> Job:
+    errors, omitted = history.snapshot(row.errors)
     return Job(
         id=row.id, type=row.type, args=row.args, state=JobState(row.state), result=row.result,
         error=row.error, attempts=row.attempts, max_attempts=row.max_attempts,
@@ -439,4 +448,5 @@ def _to_job(row: Any, deps: list[int]) -> Job:
         is_container=row.kind == S.CONTAINER, key=row.key, depends_on=tuple(deps),
         cancelled_by=row.cancelled_by, lease_owner=row.lease_owner, created_at=row.created_at,
         run_after=row.run_after, started_at=row.started_at, finished_at=row.finished_at,
+        progress=progress.snapshot(row.progress), errors=errors, errors_omitted=omitted,
     )

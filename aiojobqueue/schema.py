@@ -37,7 +37,7 @@ from .dialects.columns import Id as _Id
 from .dialects.columns import Json as _Json
 from .dialects.columns import UTCDateTime, drop_routines_with
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 #: What a container not yet active adds to its children's ``pending`` (v3; was 1): larger
 #: than any count of dependencies, so activation tells the credited children apart.
 CREDIT = 1 << 30
@@ -127,6 +127,10 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("result", _Json),
         Column("error", _Json),
         Column("checkpoint", _Json),
+        # v6: what a running handler reported (see aiojobqueue.progress) and the history of
+        # failed attempts (aiojobqueue.history); NULL for most jobs, so no cost to them.
+        Column("progress", _Json),
+        Column("errors", _Json),
         Column("parent_id", _Id),
         Column("group_key", String(200), nullable=False),
         Column("weight", Integer, nullable=False, server_default="1"),
@@ -191,6 +195,11 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("started_at", UTCDateTime, nullable=False),
         Column("last_seen", UTCDateTime, nullable=False),
         Column("running", Integer, nullable=False, server_default="0"),
+        # v6: the job types the worker serves, its capacity and the caps it enforces
+        # (concurrency, group limits, rate limits), for explain() and status
+        Column("types", _Json),
+        Column("capacity", Integer),
+        Column("config", _Json),
     )
     rate = Table(
         f"{p}rate",

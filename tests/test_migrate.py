@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from sqlalchemy import Index, Table, UniqueConstraint, func, insert, select, text, update
@@ -254,10 +255,57 @@ async def test_v4_schema_gains_the_releases_table(
         async with q2.engine.connect() as conn:
             v = (await conn.execute(select(M.c.value).where(M.c.name == "schema_version"))
                  ).scalar_one()
-            assert v == str(SCHEMA_VERSION) == "5"
+            assert v == str(SCHEMA_VERSION) == "6"
             assert await conn.scalar(select(func.count()).select_from(R)) == 0
         await q2.run_until_idle()
         assert ran[0] == head.id and sorted(ran[1:]) == sorted(o.id for o in outs)
         async with q2.engine.connect() as conn:
             assert await conn.scalar(select(func.count()).select_from(R)) == 0
             assert (sum(parts) >= 1) == (conn.dialect.name == "postgresql"), parts
+
+
+async def test_v5_schema_gains_the_observability_columns(
+    make_queue: Callable[..., JobQueue],
+) -> None:
+    """v6 adds ``progress`` and ``errors`` to jobs, ``types``, ``capacity`` and ``config`` to
+    workers: a v5 database gets them from the upgrade with its jobs intact, and they fill."""
+    q = make_queue()
+    async with q:
+        J, W, M = q._t.jobs, q._t.workers, q._t.meta
+        jid = await q.enqueue("t", {})
+        async with q.engine.begin() as conn:  # back to what v5 looked like
+            for table, names in ((J, ("progress", "errors")),
+                                 (W, ("types", "capacity", "config"))):
+                for name in names:
+                    await conn.execute(text(f"ALTER TABLE {table.name} DROP COLUMN {name}"))
+            await conn.execute(update(M).where(M.c.name == "schema_version").values(value="5"))
+
+    q2 = make_queue(retry_backoff=0.001, retry_backoff_max=0.002)
+
+    @q2.handler("t", max_attempts=2)
+    async def t(ctx: JobContext) -> None:
+        await ctx.progress(ctx.attempt, total=2)
+        if ctx.attempt == 1:
+            raise ValueError("once")
+
+    async with q2:  # upgrades
+        async with q2.engine.connect() as conn:
+            v = (await conn.execute(select(M.c.value).where(M.c.name == "schema_version"))
+                 ).scalar_one()
+        assert v == str(SCHEMA_VERSION) == "6"
+        await q2.run_until_idle()
+        job = await q2.get(jid)
+        assert job.state == "done"
+        assert [(e["attempt"], e["type"]) for e in job.errors] == [(1, "ValueError")]
+        assert job.progress is not None and (job.progress["done"], job.progress["total"]) == (2, 2)
+
+        def columns(sync_conn: Any) -> dict[str, set[str]]:
+            from sqlalchemy import inspect
+
+            return {t.name: {c["name"] for c in inspect(sync_conn).get_columns(t.name)}
+                    for t in (J, W)}
+
+        async with q2.engine.connect() as conn:
+            have = await conn.run_sync(columns)
+        assert {"progress", "errors"} <= have[J.name]
+        assert {"types", "capacity", "config"} <= have[W.name]

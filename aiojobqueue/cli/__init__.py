@@ -13,12 +13,13 @@ One module per job:
 - ``demo``     ``demo``
 - ``worker``   ``worker MODULE:QUEUE``
 - ``queries``  ``status``, ``jobs``, ``show``
+- ``explain``  ``explain``
 - ``actions``  ``retry``, ``cancel``, ``migrate``, ``prune``
 - ``dashboard`` ``dashboard`` (the web dashboard, from ``aiojobqueue.web``)
 
-Adding a command (say ``explain``): write ``aiojobqueue/cli/explain.py`` with an
+Adding a command (say ``graph``): write ``aiojobqueue/cli/graph.py`` with an
 ``@app.command()`` function that calls ``run(url, ...)`` on an ``opened(url, prefix)`` queue
-and prints a view (put the view in ``render`` or, if it is big, a ``render_explain`` module),
+and prints a view (put the view in ``render`` or, if it is big, a ``render_graph`` module),
 then add the module's name to ``COMMANDS`` below. ``--help`` lists commands in that order.
 """
 
@@ -29,7 +30,7 @@ import importlib
 from .app import app, main
 
 #: The command modules; importing one registers its commands on ``app``.
-COMMANDS = ("demo", "worker", "queries", "actions", "dashboard")
+COMMANDS = ("demo", "worker", "queries", "explain", "actions", "dashboard")
 for _name in COMMANDS:
     importlib.import_module(f"{__name__}.{_name}")
 

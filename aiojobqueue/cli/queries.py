@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from .. import admin
+from .. import admin, explain
 from ..models import Job
 from ..schema import DEFAULT_PREFIX
 from . import render
@@ -25,18 +25,21 @@ def status(
     ] = 60.0,
     as_json: AsJson = False,
 ) -> None:
-    """Counts per group and state, the oldest ready job, live workers."""
+    """Counts per group and state, the oldest ready job, live workers; flags job types with
+    runnable jobs that no live worker serves, and groups held at their cap."""
     url = normalize_url(url)
 
-    async def go() -> admin.Status:
+    async def go() -> tuple[admin.Status, dict[str, int], list[explain.GroupAtCap]]:
         async with opened(url, prefix) as q:
-            return await admin.status(q, recent=recent)
+            return (await admin.status(q, recent=recent), await explain.unserved_types(q),
+                    await explain.groups_at_cap(q))
 
-    st = run(url, go)
+    st, unserved, at_cap = run(url, go)
     if as_json:
-        emit_json(st)
+        emit_json({**admin.to_data(st), "unserved_types": unserved,
+                   "groups_at_cap": at_cap})
         return
-    for part in render.status_view(st, url):
+    for part in render.status_view(st, url, explain.notes_of(unserved, at_cap)):
         out.print(part)
 
 

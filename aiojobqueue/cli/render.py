@@ -5,6 +5,7 @@ and tests call them directly."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -18,6 +19,7 @@ from rich.tree import Tree
 
 from .. import admin
 from ..demo import STATE_STYLE
+from ..explain import Explanation
 from ..models import Job
 from .runtime import safe_url
 
@@ -81,8 +83,9 @@ def short(value: Any, n: int = 200) -> str:
 
 
 # -- status -----------------------------------------------------------------------------------
-def status_view(st: admin.Status, url: str) -> list[RenderableType]:
-    """``aiojobqueue status``: counts per group and state, then the live workers."""
+def status_view(st: admin.Status, url: str, notes: Sequence[str] = ()) -> list[RenderableType]:
+    """``aiojobqueue status``: counts per group and state, what holds runnable work
+    (``notes``: types no live worker serves, groups at their cap), then the live workers."""
     t = Table(title=f"aiojobqueue at {escape(safe_url(url))}", header_style="bold",
               title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True)
     t.add_column("group", min_width=6, overflow="fold")
@@ -105,6 +108,7 @@ def status_view(st: admin.Status, url: str) -> list[RenderableType]:
     if st.releasing:
         parts.append(f"{st.releasing} part(s) of split releases pending: waiting jobs whose "
                      "upstream is done, released by any worker (a worker's sweep if theirs died)")
+    parts += [Text(f"! {n}", style="yellow") for n in notes]
     w = Table(title=f"workers seen in the last {st.recent:g}s", header_style="bold",
               title_justify="left", box=box.SIMPLE_HEAD)
     for c in ("worker", "host", "pid", "running", "last seen", "up since"):
@@ -217,6 +221,19 @@ def dag_tree(g: admin.JobGraph) -> RenderableType:
         if g.dependents_total > len(g.dependents):
             downs.add(Text(f"… {g.dependents_total - len(g.dependents)} more", style="dim"))
     return root
+
+
+# -- explain ----------------------------------------------------------------------------------
+def explain_view(e: Explanation) -> RenderableType:
+    """``aiojobqueue explain``: the job in one line, then each reason with its code."""
+    t = Table.grid(padding=(0, 2))
+    t.add_column(style="bold cyan", no_wrap=True)
+    t.add_column()
+    for r in e.reasons:
+        t.add_row(r.code, escape(r.detail))
+    head = Text.assemble((f"job #{e.job_id} ", "bold"), (e.type, "bold"),
+                         f"  group {e.group}  ", styled(e.state.value))
+    return Panel(t, title=head, title_align="left", border_style="blue")
 
 
 def job_view(g: admin.JobGraph, now: datetime, *, traceback: bool = False

@@ -33,10 +33,15 @@ def worker(
     log_format: Annotated[str, typer.Option(help="text, or json (one object per line).")] = "text",
     factory: Annotated[bool, typer.Option(
         help="QUEUE is a function that returns the JobQueue: call it.")] = False,
+    metrics_port: Annotated[int | None, typer.Option(
+        min=0, max=65535, help="Serve Prometheus metrics at http://0.0.0.0:PORT/metrics "
+        '(needs pip install "aiojobqueue[prometheus]").')] = None,
 ) -> None:
     """Run a worker for your queue until SIGTERM/SIGINT, then shut down gracefully."""
     from .. import logs
     from ..runner import run_worker
+
+    serve_metrics = _metrics_server() if metrics_port is not None else None
 
     if log_level.lower() not in ("debug", "info", "warning", "error"):
         raise typer.BadParameter(f"unknown log level {log_level!r}", param_hint="--log-level")
@@ -61,13 +66,34 @@ def worker(
         log.info("worker %s starting: %s on %s (capacity %d, handlers: %s)", q.worker_id,
                  target, safe_url(the_url), q.capacity, ", ".join(types) or "-")
         await connect(q, the_url)
+        server = None
         try:
+            if serve_metrics is not None and metrics_port is not None:
+                try:  # on the queue's loop: the database gauges read through it
+                    server, _ = serve_metrics(q, metrics_port)
+                except OSError as exc:
+                    fail(f"--metrics-port {metrics_port}: {first_line(exc)}", Exit.USAGE)
+                log.info("metrics at http://0.0.0.0:%d/metrics", server.server_port)
             await run_worker(q)
         finally:
+            if server is not None:
+                server.shutdown()
             await q.close()
         log.info("worker %s stopped", q.worker_id)
 
     run(the_url, go)
+
+
+def _metrics_server() -> Any:
+    """``aiojobqueue.metrics.serve_metrics``; a usage error if the extra is not installed."""
+    try:
+        from ..metrics import serve_metrics
+    except ModuleNotFoundError as exc:
+        if exc.name != "prometheus_client":
+            raise
+        fail('--metrics-port needs prometheus-client: pip install "aiojobqueue[prometheus]"',
+             Exit.USAGE)
+    return serve_metrics
 
 
 def load_queue(target: str, *, factory: bool = False) -> JobQueue:

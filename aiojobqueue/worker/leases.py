@@ -24,8 +24,10 @@ from sqlalchemy import Connection, select, update
 
 from .. import schema as S
 from ..core import Core
+from ..explain import registration
 from ..finalize import Outcome
 from ..hooks import JobEvent
+from ..logs import brief
 from ..sql import lit
 from ..timeutil import db_now, utcnow_plus
 from .outcomes import Outcomes
@@ -71,7 +73,7 @@ class Leases:
                 if not core.db.is_outage(exc):
                     raise
                 log.warning("heartbeat failed (%s); %d lease(s) not renewed, retrying in "
-                            "%.1fs", exc, len(mine), delay)
+                            "%.1fs", brief(exc), len(mine), delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, s.heartbeat_interval)
                 continue
@@ -100,7 +102,9 @@ class Leases:
                                 J.c.id.in_(ids[i : i + 1000]))
                 .values(lease_expires=utcnow_plus(s.lease_ttl))
             )
-        vals = {"last_seen": db_now(), "running": len(ids)}
+        # the types, capacity and caps it serves with: for explain() and status
+        vals = {"last_seen": db_now(), "running": len(ids),
+                **registration(s, self.core.handlers)}
         res = conn.execute(update(W).where(W.c.id == me).values(**vals))
         if res.rowcount == 0:  # first beat (an upsert: a retried first beat must not collide)
             conn.execute(ops.insert_ignore_stmt(W).values(
@@ -161,7 +165,7 @@ class Leases:
         except Exception as exc:
             if not core.db.is_outage(exc):
                 raise
-            log.warning("could not release %d orphaned lease(s) (%s)", len(outs), exc)
+            log.warning("could not release %d orphaned lease(s) (%s)", len(outs), brief(exc))
             return
         if done:
             log.warning("released %d job(s) leased to this worker but not running here: %s",

@@ -21,6 +21,7 @@ from .. import schema as S
 from ..core import Core
 from ..finalize import Outcome
 from ..hooks import JobEvent
+from ..logs import brief
 from .report import LEVEL, jlog, log, report
 from .state import WorkerState
 
@@ -109,7 +110,7 @@ class Outcomes:
             if self.core.db.is_outage(exc):
                 # it may have committed before the link died: check before reporting
                 self.uncertain.update((o.job_id, o.attempt) for o in batch)
-                log.warning("finalize of %d job(s) failed (%s); retrying", len(batch), exc,
+                log.warning("finalize of %d job(s) failed (%s); retrying", len(batch), brief(exc),
                             extra={"worker": self.core.settings.worker_id})
             else:
                 self._poisoned(batch, exc)
@@ -130,7 +131,7 @@ class Outcomes:
             try:
                 ok |= await core.db.read(lambda conn: self._committed_before(conn, unsure))
             except Exception as exc:  # only the report is at stake, not the job
-                log.warning("could not check earlier finalize (%s)", exc)
+                log.warning("could not check earlier finalize (%s)", brief(exc))
         for o in batch:
             key = (o.job_id, o.attempt)
             self.uncertain.discard(key)

@@ -31,6 +31,7 @@ from typing import Any
 from ..claim import Claimed, LeaseAsk
 from ..core import Core
 from ..finalize import Outcome
+from ..logs import brief
 from .outcomes import Outcomes
 from .report import log
 from .state import WorkerState
@@ -126,7 +127,7 @@ class ParallelRound:
         except Exception as exc:
             if not core.db.is_outage(exc):
                 raise
-            log.warning("claim failed (%s); backing off", exc,
+            log.warning("claim failed (%s); backing off", brief(exc),
                         extra={"worker": core.settings.worker_id})
             return None
         state.buffer.extend((c, t0) for c in got)

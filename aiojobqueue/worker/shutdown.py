@@ -7,6 +7,7 @@ import asyncio
 import time
 
 from ..core import Core
+from ..logs import brief
 from .leases import Leases
 from .outcomes import Outcomes
 from .report import log
@@ -28,9 +29,10 @@ async def drain(core: Core, state: WorkerState, outcomes: Outcomes, leases: Leas
     finally releases any lease this worker holds without running the job."""
     state.stopping = True
     s = core.settings
-    if state.running:
-        log.info("shutting down: waiting up to %ss for %d job(s)", s.shutdown_timeout,
-                 len(state.running))
+    busy = sum(1 for r in state.running.values() if not r.task.done())
+    if busy:  # WARNING: a wait the user sees (logs.py: visible by default)
+        log.warning("shutting down: waiting up to %ss for %d running job(s)",
+                    s.shutdown_timeout, busy)
     end = time.monotonic() + s.shutdown_timeout
     while True:
         live = [(jid, r) for jid, r in state.running.items() if not r.task.done()]
@@ -52,6 +54,8 @@ async def drain(core: Core, state: WorkerState, outcomes: Outcomes, leases: Leas
             r.task.cancel()
             pending.append(r.task)
     if pending:
+        log.warning("shutting down: cancelled %d job(s) still running; they are released "
+                    "to run again at once", len(pending))
         await asyncio.wait(pending, timeout=5.0)
     deadline = time.monotonic() + max(s.shutdown_timeout, 5.0)
     delay = 0.05
@@ -66,7 +70,7 @@ async def drain(core: Core, state: WorkerState, outcomes: Outcomes, leases: Leas
     try:
         await leases.release_all_orphans()
     except Exception as exc:  # their leases expire and they are reclaimed
-        log.warning("could not release leases at shutdown (%s)", exc)
+        log.warning("could not release leases at shutdown (%s)", brief(exc))
 
 
 async def deregister(core: Core) -> None:

@@ -1,0 +1,38 @@
+"""``aiojobqueue explain ID``: why a job is not running now (``JobQueue.explain``).
+
+The queue it opens has no settings of its own: the caps it reports are those the live
+workers registered with their heartbeats (see ``aiojobqueue.explain``)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ..explain import Explanation
+from ..schema import DEFAULT_PREFIX
+from . import render
+from .app import AsJson, Prefix, Url, app
+from .runtime import DEFAULT_URL, emit_json, normalize_url, opened, out, run
+
+
+@app.command()
+def explain(
+    job_id: Annotated[int, typer.Argument(metavar="ID", help="The job id.")],
+    url: Url = DEFAULT_URL,
+    prefix: Prefix = DEFAULT_PREFIX,
+    as_json: AsJson = False,
+) -> None:
+    """Why a job is not running: what it waits on, the cap or limit that holds it, or that
+    no live worker serves its type."""
+    url = normalize_url(url)
+
+    async def go() -> Explanation:
+        async with opened(url, prefix) as q:
+            return await q.explain(job_id)
+
+    e = run(url, go)
+    if as_json:
+        emit_json(e.to_dict())
+        return
+    out.print(render.explain_view(e))

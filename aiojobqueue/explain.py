@@ -1,0 +1,467 @@
+"""Why a job is not running: ``queue.explain(job_id)``, and what ``status`` flags.
+
+The answer is read from the database in one read-only transaction, through the started
+queue's ``Core`` (its settings and database). The caps it checks are those that hold the
+fleet: this queue's own settings, and those the live workers registered (each worker writes
+its job types, capacity, ``concurrency``, ``group_limits`` and rate limits with its
+heartbeat, see ``registration``). A custom ``Limit`` lives in its process:
+only this queue's own are asked. A worker is live while its last heartbeat is younger than
+this queue's ``lease_ttl``.
+
+Reason codes (``Reason.code``), in the order they are reported:
+
+* ``terminal``   done, failed or cancelled (data: state, error, finished_at);
+* ``running``    leased by a worker (data: worker, attempt, started_at, lease_expires,
+                 cancel_requested, progress);
+* ``waiting_on`` unfinished jobs it waits on, its own dependencies and its containers',
+                 a container's unfinished members included (data: ids, direct); a container
+                 that is active waits on its unfinished children;
+* ``scheduled``  its ``run_after`` has not come (data: when);
+* ``backoff``    a failed attempt's retry delay has not passed (data: when, attempt, error);
+* ``no_worker``  no live worker serves its type (data: type, live_workers);
+* ``global_cap`` the fleet-wide ``concurrency`` is reached (data: cap, running);
+* ``group_cap``  its group's cap is reached (data: group, cap, running);
+* ``rate_limit`` a RateLimit is used up (data: name, n, per, next_at);
+* ``limit``      one of this queue's custom Limits allows no start now (data: limit);
+* ``fair_share`` slots are scarce and other groups are owed the next ones (data: group,
+                 running, weight, ahead);
+* ``ready``      nothing holds it: a worker should take it next (data: ahead_in_group,
+                 workers_busy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import and_, func, or_, select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from . import schema as S
+from .claim import group_demand_query
+from .errors import JobNotFoundError
+from .limits import RateLimit
+from .models import JobState
+from .policy import GroupDemand
+from .settings import Settings
+from .sql import lit
+from .timeutil import db_now, utcnow_plus
+
+if TYPE_CHECKING:
+    from .core import Core
+    from .database import Database
+    from .queue import JobQueue
+
+CODES = ("terminal", "running", "waiting_on", "scheduled", "backoff", "no_worker",
+         "global_cap", "group_cap", "rate_limit", "limit", "fair_share", "ready")
+#: At most this many ids in a ``waiting_on`` reason (its detail says how many in all).
+MAX_IDS = 100
+
+
+@dataclass(frozen=True)
+class Reason:
+    """One thing that holds a job (or says that nothing does): ``code`` is one of CODES,
+    ``detail`` a sentence, ``data`` the numbers behind it."""
+
+    code: str
+    detail: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Why a job is not running now: ``str()`` of it is a short readable paragraph."""
+
+    job_id: int
+    type: str
+    group: str
+    state: JobState
+    reasons: list[Reason]
+
+    @property
+    def codes(self) -> list[str]:
+        """The reasons' codes, in order."""
+        return [r.code for r in self.reasons]
+
+    def __str__(self) -> str:
+        head = f"Job {self.job_id} ({self.type}, group {self.group!r}) is {self.state.value}."
+        return " ".join([head, *(r.detail for r in self.reasons)])
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: times as ISO strings (for ``explain --json`` and web APIs)."""
+        return {"job_id": self.job_id, "type": self.type, "group": self.group,
+                "state": self.state.value, "text": str(self),
+                "reasons": [{"code": r.code, "detail": r.detail, "data": _jsonable(r.data)}
+                            for r in self.reasons]}
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, datetime):
+        return v.isoformat()
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    return v
+
+
+@dataclass(frozen=True)
+class GroupAtCap:
+    """A group with runnable jobs whose cap is reached (for ``status``)."""
+
+    group: str
+    cap: int
+    running: int
+    ready: int
+
+
+def registration(settings: Settings, handlers: Iterable[str]) -> dict[str, Any]:
+    """What a worker writes to its registry row with each heartbeat: the job types it has
+    handlers for, its capacity, and the caps it enforces."""
+    return {
+        "types": sorted(handlers),
+        "capacity": settings.capacity,
+        "config": {
+            "concurrency": settings.concurrency,
+            "group_limits": dict(settings.group_limits),
+            "rate_limits": [{"name": r.name, "n": r.n, "per": r.per}
+                            for r in settings.db_limits],
+        },
+    }
+
+
+# -- the fleet's caps -------------------------------------------------------------------------
+@dataclass
+class _Fleet:
+    """The live workers and the caps that hold (this queue's and theirs)."""
+
+    workers: list[Any]
+    concurrency: int | None
+    group_limits: dict[str, int]
+    rate_limits: list[RateLimit]
+
+    def serving(self, job_type: str) -> list[Any]:
+        """Live workers that serve ``job_type`` (one registered before v6 might)."""
+        return [w for w in self.workers if w.types is None or job_type in w.types]
+
+
+async def _fleet(s: Settings, db: Database, conn: AsyncConnection) -> _Fleet:
+    W = db.t.workers
+    rows = (await conn.execute(
+        select(W.c.id, W.c.types, W.c.capacity, W.c.running, W.c.config)
+        .where(W.c.last_seen >= utcnow_plus(-s.lease_ttl)).order_by(W.c.id))).all()
+    caps = [s.concurrency] if s.concurrency is not None else []
+    groups: dict[str, int] = dict(s.group_limits)
+    rates = {r.name: r for r in s.db_limits}
+    for w in rows:
+        cfg = w.config if isinstance(w.config, dict) else {}
+        if isinstance(cfg.get("concurrency"), int):
+            caps.append(cfg["concurrency"])
+        for g, n in (cfg.get("group_limits") or {}).items():
+            groups[g] = min(groups.get(g, n), n)
+        for r in cfg.get("rate_limits") or ():
+            if r.get("name") not in rates:
+                rates[r["name"]] = RateLimit(int(r["n"]), float(r["per"]), name=r["name"])
+    return _Fleet(list(rows), min(caps) if caps else None, groups, list(rates.values()))
+
+
+# -- explain ----------------------------------------------------------------------------------
+async def explain(core: Core, job_id: int) -> Explanation:
+    """Why ``job_id`` is not running now (``JobQueue.explain``). Raises JobNotFoundError."""
+    s, db = core.settings, core.db
+    J = db.t.jobs
+
+    async def read(conn: AsyncConnection) -> Explanation:
+        row = (await conn.execute(select(J).where(J.c.id == job_id))).first()
+        if row is None:
+            raise JobNotFoundError(f"no job with id {job_id}")
+        now = (await conn.execute(select(db_now()))).scalar_one()
+        state = row.state
+        if state in S.TERMINAL:
+            reasons = [_terminal(row)]
+        elif state == S.RUNNING:
+            reasons = [_running(row, now)]
+        elif state in (S.WAITING, S.ACTIVE):
+            reasons = [await _waiting_on(db, conn, row)]
+            if state == S.WAITING and row.run_after > now:
+                reasons.append(_scheduled(row, now))
+        elif state == S.SCHEDULED and row.run_after > now:
+            reasons = [_scheduled(row, now)]
+        else:  # ready, or scheduled and due (the next claim promotes it)
+            reasons = await _held(s, db, conn, row, now)
+        return Explanation(row.id, row.type, row.group_key, JobState(state), reasons)
+
+    return await db.read(read)
+
+
+def _terminal(row: Any) -> Reason:
+    err = row.error or {}
+    why = f" ({err.get('type')}: {err.get('message')})" if err else ""
+    return Reason("terminal", f"It has finished{why}; it will not run again unless retried.",
+                  {"state": row.state, "error": row.error, "finished_at": row.finished_at})
+
+
+def _running(row: Any, now: datetime) -> Reason:
+    left = (row.lease_expires - now).total_seconds() if row.lease_expires else 0.0
+    lease = (f"its lease expires in {left:.1f}s" if left >= 0 else
+             f"its lease expired {-left:.1f}s ago (the worker may have died: any worker "
+             "reclaims it)")
+    extra = "; a cancel is requested" if row.cancel_requested else ""
+    return Reason(
+        "running",
+        f"It is running attempt {row.attempts} on worker {row.lease_owner}; {lease}{extra}.",
+        {"worker": row.lease_owner, "attempt": row.attempts, "started_at": row.started_at,
+         "lease_expires": row.lease_expires, "cancel_requested": bool(row.cancel_requested),
+         "progress": row.progress})
+
+
+def _scheduled(row: Any, now: datetime) -> Reason:
+    secs = max((row.run_after - now).total_seconds(), 0.0)
+    when = row.run_after.isoformat(timespec="seconds")
+    if row.state == S.SCHEDULED and row.attempts > 0 and row.error is not None:
+        err = row.error
+        return Reason(
+            "backoff",
+            f"Attempt {row.attempts} failed ({err.get('type')}: {err.get('message')}); it is "
+            f"retried at {when} (in {secs:.1f}s).",
+            {"when": row.run_after, "attempt": row.attempts, "error": err})
+    return Reason("scheduled", f"It is scheduled to run at {when} (in {secs:.1f}s).",
+                  {"when": row.run_after})
+
+
+async def _waiting_on(db: Database, conn: AsyncConnection, row: Any) -> Reason:
+    """The unfinished jobs ``row`` waits on: its and its ancestors' dependencies (for an
+    active container: its children), with the unfinished members of containers among them."""
+    J, D = db.t.jobs, db.t.deps
+    direct: set[int] = set()
+    boxes: set[int] = set()
+    if row.state == S.ACTIVE:
+        boxes.add(row.id)
+    else:
+        node: int | None = row.id
+        seen: set[int] = set()
+        while node is not None and node not in seen:
+            seen.add(node)
+            up = (await conn.execute(
+                select(J.c.id, J.c.kind).join(D, D.c.depends_on_id == J.c.id)
+                .where(D.c.job_id == node, J.c.state != S.DONE))).all()
+            direct.update(r.id for r in up)
+            boxes.update(r.id for r in up if r.kind == S.CONTAINER)
+            node = (await conn.execute(select(J.c.parent_id).where(J.c.id == node))).scalar()
+    members = await _unfinished_members(db, conn, boxes, MAX_IDS)
+    ids = sorted(direct | set(members))
+    total = len(ids)
+    shown = ids[:MAX_IDS]
+    if row.state == S.ACTIVE:
+        text = (f"It is a container; it finishes when its {len(members)} unfinished "
+                f"job(s) do: {_list(members)}.")
+    elif not ids:
+        text = "Its dependencies have finished; it is being released."
+    else:
+        inside = f" ({len(members)} inside containers)" if members else ""
+        text = (f"It waits on job {ids[0]}{' (inside a container)' if members else ''}, "
+                "which has not finished." if total == 1 else
+                f"It waits on {total} unfinished jobs{inside}: {_list(shown)}.")
+    return Reason("waiting_on", text, {"ids": shown, "direct": sorted(direct),
+                                       "more": max(total - len(shown), 0)})
+
+
+async def _unfinished_members(
+    db: Database, conn: AsyncConnection, boxes: Iterable[int], limit: int
+) -> list[int]:
+    """Live descendants of the containers ``boxes`` (breadth first, at most about ``limit``)."""
+    J = db.t.jobs
+    out: list[int] = []
+    frontier = sorted(boxes)
+    seen = set(frontier)
+    while frontier and len(out) < limit:
+        rows = (await conn.execute(
+            select(J.c.id, J.c.kind).where(J.c.parent_id.in_(frontier),
+                                           J.c.state.in_(S.LIVE))
+            .order_by(J.c.id).limit(limit * 2))).all()
+        out += [r.id for r in rows if r.kind != S.CONTAINER]
+        frontier = [r.id for r in rows if r.kind == S.CONTAINER and r.id not in seen]
+        seen.update(frontier)
+    return sorted(out)
+
+
+def _list(ids: list[int], show: int = 10) -> str:
+    head = ", ".join(str(i) for i in ids[:show])
+    return head + (f" and {len(ids) - show} more" if len(ids) > show else "")
+
+
+async def _count(conn: AsyncConnection, stmt: Any) -> int:
+    return int((await conn.execute(stmt)).scalar_one())
+
+
+async def _held(
+    s: Settings, db: Database, conn: AsyncConnection, row: Any, now: datetime
+) -> list[Reason]:
+    """What holds a runnable job: workers, caps, limits, fair share; else ``ready``."""
+    J = db.t.jobs
+    fleet = await _fleet(s, db, conn)
+    out: list[Reason] = []
+    serving = fleet.serving(row.type)
+    if not serving:
+        n = len(fleet.workers)
+        out.append(Reason(
+            "no_worker",
+            f"No live worker serves type {row.type!r} ({n} live worker(s) serve other types).",
+            {"type": row.type, "live_workers": n}))
+    running = J.c.state == lit(S.RUNNING)
+    if fleet.concurrency is not None:
+        n = await _count(conn, select(func.count()).select_from(J).where(running))
+        if n >= fleet.concurrency:
+            out.append(Reason(
+                "global_cap",
+                f"The global cap is full: {n} of {fleet.concurrency} jobs are running.",
+                {"cap": fleet.concurrency, "running": n}))
+    cap = fleet.group_limits.get(row.group_key)
+    if cap is not None:
+        n = await _count(conn, select(func.count()).select_from(J)
+                         .where(running, J.c.group_key == row.group_key))
+        if n >= cap:
+            out.append(Reason(
+                "group_cap",
+                f"Group {row.group_key!r} is at its cap: {n} of {cap} jobs are running.",
+                {"group": row.group_key, "cap": cap, "running": n}))
+    for lim in fleet.rate_limits:
+        if await lim.budget(conn, db.t) > 0:
+            continue
+        opens = await _next_rate_slot(db, conn, lim)
+        secs = max((opens - now).total_seconds(), 0.0) if opens is not None else 0.0
+        at = f" at {opens.isoformat(timespec='seconds')} (in {secs:.1f}s)" if opens else ""
+        out.append(Reason(
+            "rate_limit",
+            f"Rate limit {lim.name!r} ({lim.n} per {lim.per:g}s) is used up; the next slot "
+            f"opens{at}.",
+            {"name": lim.name, "n": lim.n, "per": lim.per, "next_at": opens}))
+    for local in s.local_limits:
+        try:
+            free = int(await local.available())
+        except Exception as exc:  # a limit that fails allows nothing (as in the worker)
+            free, note = 0, f" (it raised {exc!r})"
+        else:
+            note = ""
+        if free <= 0:
+            out.append(Reason("limit", f"The limit {local!r} allows no start now{note}.",
+                              {"limit": repr(local)}))
+    if out:
+        return out
+    # Nothing caps it: do the workers that could take it have room, and is its group owed
+    # the next slot? (the claim's own census and fair-share rule)
+    types = sorted({row.type} | {t for w in serving for t in (w.types or ())})
+    demand = {g: GroupDemand(int(w or 1), int(r), None) for g, w, r in
+              (await conn.execute(group_demand_query(db.t, types))).all()}
+    room = [max(int(w.capacity) - int(w.running), 0) for w in serving if w.capacity is not None]
+    busy = bool(room) and len(room) == len(serving) and sum(room) == 0
+    ahead_in_group = await _count(conn, select(func.count()).select_from(
+        select(J.c.id).where(
+            J.c.state == lit(S.READY), J.c.group_key == row.group_key, J.c.type.in_(types),
+            or_(J.c.priority > row.priority,
+                and_(J.c.priority == row.priority, J.c.id < row.id)))
+        .limit(10_000).subquery()))
+    mine = demand.get(row.group_key)
+    if busy and mine is not None and len(demand) > 1:
+        def key(g: str) -> tuple[float, int, str]:
+            d = demand[g]
+            return (d.running / max(d.weight, 1), -d.weight, g)
+
+        ahead = sorted((g for g in demand if key(g) < key(row.group_key)), key=key)
+        if ahead:
+            return [Reason(
+                "fair_share",
+                f"Every worker that could run it is busy, and fair share gives the next "
+                f"slots to {_names(ahead)} first (group {row.group_key!r} runs "
+                f"{mine.running} at weight {mine.weight}).",
+                {"group": row.group_key, "running": mine.running, "weight": mine.weight,
+                 "ahead": ahead})]
+    queue_note = (f" {ahead_in_group} job(s) of its group come first (priority, then age)."
+                  if ahead_in_group else "")
+    busy_note = " Every worker that could run it is busy; it is next in line." if busy else ""
+    due = " It is due; the next claim makes it ready." if row.state == S.SCHEDULED else ""
+    return [Reason(
+        "ready",
+        f"Nothing holds it: a worker should take it next.{due}{queue_note}{busy_note}",
+        {"ahead_in_group": ahead_in_group, "workers_busy": busy})]
+
+
+def _names(groups: list[str], show: int = 5) -> str:
+    head = ", ".join(repr(g) for g in groups[:show])
+    return "group(s) " + head + (f" and {len(groups) - show} more" if len(groups) > show else "")
+
+
+async def _next_rate_slot(
+    db: Database, conn: AsyncConnection, lim: RateLimit
+) -> datetime | None:
+    """When the next start is allowed: as the oldest starts in the window age out of it."""
+    R = db.t.rate
+    window = (R.c.name == lim.name, R.c.at > utcnow_plus(-lim.per))
+    used = await _count(conn, select(func.count()).select_from(R).where(*window))
+    k = used - lim.n  # this many starts must leave the window first (0-based: the k-th)
+    if k < 0:
+        return None
+    at = (await conn.execute(select(R.c.at).where(*window).order_by(R.c.at)
+                             .offset(k).limit(1))).scalar()
+    if at is None:
+        return None
+    return at + timedelta(seconds=lim.per)  # type: ignore[no-any-return]
+
+
+# -- for status -------------------------------------------------------------------------------
+# (operator tools like aiojobqueue.admin: they take the started JobQueue)
+async def unserved_types(queue: JobQueue) -> dict[str, int]:
+    """Job types with runnable jobs that no live worker serves: ``{type: runnable count}``."""
+    core = queue._started()
+    s, db = core.settings, core.db
+    J = db.t.jobs
+
+    async def read(conn: AsyncConnection) -> dict[str, int]:
+        fleet = await _fleet(s, db, conn)
+        runnable = or_(J.c.state == lit(S.READY),
+                       and_(J.c.state == lit(S.SCHEDULED), J.c.run_after <= db_now()))
+        rows = (await conn.execute(select(J.c.type, func.count()).where(runnable)
+                                   .group_by(J.c.type))).all()
+        return {t: int(n) for t, n in sorted(rows) if not fleet.serving(t)}
+
+    return await db.read(read)
+
+
+async def groups_at_cap(queue: JobQueue) -> list[GroupAtCap]:
+    """Groups with ready jobs whose cap (this queue's or a live worker's) is reached."""
+    core = queue._started()
+    s, db = core.settings, core.db
+    J = db.t.jobs
+
+    async def read(conn: AsyncConnection) -> list[GroupAtCap]:
+        fleet = await _fleet(s, db, conn)
+        out = []
+        for g, cap in sorted(fleet.group_limits.items()):
+            running = await _count(conn, select(func.count()).select_from(J).where(
+                J.c.state == lit(S.RUNNING), J.c.group_key == g))
+            if running < cap:
+                continue
+            ready = await _count(conn, select(func.count()).select_from(J).where(
+                J.c.state == lit(S.READY), J.c.group_key == g))
+            if ready:
+                out.append(GroupAtCap(g, cap, running, ready))
+        return out
+
+    return await db.read(read)
+
+
+async def notes(queue: JobQueue) -> list[str]:
+    """What ``status`` flags, one sentence each: runnable types that no live worker serves,
+    and groups with ready jobs held at their cap."""
+    return notes_of(await unserved_types(queue), await groups_at_cap(queue))
+
+
+def notes_of(unserved: dict[str, int], at_cap: Iterable[GroupAtCap]) -> list[str]:
+    """``notes()`` from what ``unserved_types`` and ``groups_at_cap`` returned."""
+    out = [f"type {t!r}: {n} runnable job(s) and no live worker serves it"
+           for t, n in unserved.items()]
+    out += [f"group {g.group!r} is at its cap: {g.running} of {g.cap} running, {g.ready} ready"
+            for g in at_cap]
+    return out
