@@ -112,8 +112,9 @@ async def test_worker_serves_metrics(tmp_path: Path, prefix: str) -> None:
 
         async def counted() -> bool:
             text = await asyncio.to_thread(scrape)
+            # the database gauges are cached and read in the background: wait for them too
             return ('aiojobqueue_jobs_finished_total{group="default",outcome="done",type="ok"}'
-                    ' 3.0' in text)
+                    ' 3.0' in text and "aiojobqueue_workers 1.0" in text)
 
         await eventually(counted, timeout=30)
         text = await asyncio.to_thread(scrape)

@@ -42,6 +42,7 @@ async def test_job_three_times_longer_than_lease_completes_once(
         assert job.state == JobState.DONE and job.attempts == 1, fleet.dump()
         assert res["pid"] == a.pid
         assert len(fleet.events("start", job=jid)) == 1
+        await fleet.wait_for("fin", job=jid)  # logged by the hook just after the commit
         assert len(fleet.events("fin", job=jid)) == 1
         assert not fleet.events("cancelled") and not fleet.events("discarded")
         assert "reclaimed" not in fleet.worker_logs()

@@ -35,6 +35,7 @@ async def test_sigkilled_worker_job_is_reclaimed_elsewhere(
         assert len(second) == 1 and second[0]["t"] > kill["t"]
         # never before the lease could have expired: the lease was renewed by a live worker
         assert second[0]["t"] - kill["t"] > 0.5, fleet.dump()
+        await fleet.wait_for("fin", job=jid)  # logged by the hook just after the commit
         assert len(fleet.events("fin", job=jid)) == 1
         print(f"reclaimed and restarted {second[0]['t'] - kill['t']:.2f}s after SIGKILL "
               f"(lease_ttl 2.0s)")
@@ -85,4 +86,5 @@ async def test_worker_killed_after_job_end_before_finalize(
         res = await q.wait(jid, timeout=30)
         assert res == {"job": jid, "attempt": 2, "pid": b.pid}, fleet.dump()
         assert not fleet.events("fin", attempt=1)
+        await fleet.wait_for("fin", job=jid)  # logged by the hook just after the commit
         assert len(fleet.events("fin", job=jid)) == 1
