@@ -17,7 +17,15 @@ from .database import Database
 from .errors import SchemaError
 from .finalize import plain_stmt
 from .release import drop_deps_stmt, drop_kids_stmt, drop_one_stmt
-from .schema import ACTIVE, CONTAINER, CREDIT, SCHEMA_VERSION, WAITING, v2_indexes
+from .schema import (
+    ACTIVE,
+    CONTAINER,
+    CREDIT,
+    SCHEMA_VERSION,
+    WAITING,
+    overview_indexes,
+    v2_indexes,
+)
 
 log = logging.getLogger("aiojobqueue.migrate")
 
@@ -91,6 +99,8 @@ async def _upgrade_once(db: Database) -> int:
         await _v3_to_v4(db)
     if 0 < found < 6:
         await _v5_to_v6(db)
+    if 0 < found < 7:
+        await _v6_to_v7(db)
     async with db.engine.begin() as conn:
         await conn.run_sync(db.t.metadata.create_all, checkfirst=True)
     async with db.engine.begin() as conn:
@@ -211,6 +221,24 @@ async def _v5_to_v6(db: Database) -> None:
                 if name not in have:
                     kind = table.c[name].type.compile(dialect=conn.dialect)
                     await conn.execute(text(f"ALTER TABLE {table.name} ADD COLUMN {name} {kind}"))
+
+
+async def _v6_to_v7(db: Database) -> None:
+    """v7: the dashboard overview's partial indexes (schema.overview_indexes), PostgreSQL
+    and SQLite only. Each is built if missing: a read of the table under a lock that holds
+    writes back meanwhile (seconds at a million rows; the rows indexed are few)."""
+    if not db.ops.partial_indexes():
+        return
+    names = {ix.name for ix in overview_indexes(_prefix(db))}
+    todo = sorted((ix for ix in db.t.jobs.indexes if ix.name in names), key=str)
+    async with db.engine.begin() as conn:
+        await db.ops.lock_gate(conn)  # one process builds them; the others wait, then see them
+
+        def create(sync_conn: Any) -> None:
+            for ix in todo:
+                ix.create(sync_conn, checkfirst=True)
+
+        await conn.run_sync(create)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from .dialects.columns import Id as _Id
 from .dialects.columns import Json as _Json
 from .dialects.columns import UTCDateTime, drop_routines_with
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 #: What a container not yet active adds to its children's ``pending`` (v3; was 1): larger
 #: than any count of dependencies, so activation tells the credited children apart.
 CREDIT = 1 << 30
@@ -112,6 +112,43 @@ def ready_weight_index(p: str, jobs: Table | None = None) -> Index:
                  **_where(f"state = '{READY}' AND weight > 1"))
 
 
+#: The states the dashboard overview counts per group through ``overview_indexes`` (ready
+#: and running go through the claim's indexes, which lead with the same two columns).
+OVERVIEW_COUNTED = (WAITING, SCHEDULED, FAILED)
+#: The dialects that build ``overview_indexes``.
+OVERVIEW_DIALECTS = ("postgresql", "sqlite")
+
+
+def overview_indexes(p: str, jobs: Table | None = None) -> list[Index]:
+    """v7: the dashboard overview's per-group counts of waiting, scheduled and failed jobs
+    (web/data.py) as bounded index probes instead of a read of every such row. Partial, so
+    they cost an entry only to the rows in that state: a waiting job's insert (a DAG's
+    dependents), a scheduled one's, a failure; leaving the state adds none on PostgreSQL.
+    PostgreSQL and SQLite only: on MySQL/MariaDB, which index every row, ``ix_ready``
+    already leads with (state, group_key) for every state, and three more indexes there
+    would each be rewritten by every state change."""
+    args: list[Any] = [jobs] if jobs is not None else []
+    return [Index(f"{p}ix_{state}_group", "state", "group_key", *args, **_partial(state))
+            # a tuple works (sqlalchemy.sql.ddl.DDLIf); the annotation says str
+            .ddl_if(dialect=OVERVIEW_DIALECTS)  # type: ignore[arg-type]
+            for state in OVERVIEW_COUNTED]
+
+
+def include_object(obj: Any, name: str | None, type_: str, reflected: bool,
+                   compare_to: Any) -> bool:
+    """An Alembic ``include_object`` hook that leaves ``overview_indexes`` out of the
+    comparison, on both sides: they exist on PostgreSQL and SQLite only, so on MySQL/MariaDB
+    autogenerate would otherwise propose to create them. aiojobqueue builds them itself
+    (``aiojobqueue migrate``). Everything else is compared as usual."""
+    if type_ != "index" or name is None:
+        return True
+    table = getattr(getattr(obj, "table", None), "name", "") or ""
+    if not table.endswith("jobs"):
+        return True
+    prefix = table[: -len("jobs")]
+    return name not in {f"{prefix}ix_{state}_group" for state in OVERVIEW_COUNTED}
+
+
 def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None) -> Tables:
     """Build the schema under ``prefix`` (into ``metadata`` if given, e.g. an Alembic one)."""
     md = metadata if metadata is not None else MetaData()
@@ -161,6 +198,7 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Index(f"{p}ix_running_owner", "state", "lease_owner", **_partial(RUNNING)),
         Index(f"{p}ix_scheduled", "state", "run_after", **_partial(SCHEDULED)),
         *v2_indexes(p),
+        *overview_indexes(p),
         live_key_index(p),
     )
     # The claim's index. priority.desc() and not text("priority DESC"): the same DDL, but an

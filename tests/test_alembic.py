@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import inspect
 
 from aiojobqueue import JobQueue
-from aiojobqueue.schema import build_tables
+from aiojobqueue.schema import build_tables, include_object
 
 alembic = pytest.importorskip("alembic", reason="Alembic is a dev dependency")
 from alembic.autogenerate import compare_metadata  # noqa: E402
@@ -29,8 +29,8 @@ async def test_autogenerate_finds_no_difference_in_a_queue_created_database(
         return type_ != "table" or (name or "").startswith(prefix)
 
     def compare(conn: Any) -> list[Any]:
-        ctx = MigrationContext.configure(
-            conn, opts={"compare_type": True, "include_name": only_ours})
+        ctx = MigrationContext.configure(conn, opts={
+            "compare_type": True, "include_name": only_ours, "include_object": include_object})
         return list(compare_metadata(ctx, target))
 
     async with queue.engine.connect() as conn:

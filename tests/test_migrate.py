@@ -7,12 +7,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from sqlalchemy import Index, Table, UniqueConstraint, func, insert, select, text, update
+from sqlalchemy import Index, Table, UniqueConstraint, func, insert, inspect, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 from aiojobqueue import JobContext, JobQueue, fanout
 from aiojobqueue.fanout import SplitReleases
-from aiojobqueue.schema import CREDIT, SCHEMA_VERSION, build_tables
+from aiojobqueue.schema import CREDIT, OVERVIEW_COUNTED, SCHEMA_VERSION, build_tables
 
 
 async def test_v1_schema_upgrades_in_place(make_queue: Callable[..., JobQueue]) -> None:
@@ -255,7 +255,7 @@ async def test_v4_schema_gains_the_releases_table(
         async with q2.engine.connect() as conn:
             v = (await conn.execute(select(M.c.value).where(M.c.name == "schema_version"))
                  ).scalar_one()
-            assert v == str(SCHEMA_VERSION) == "6"
+            assert v == str(SCHEMA_VERSION)
             assert await conn.scalar(select(func.count()).select_from(R)) == 0
         await q2.run_until_idle()
         assert ran[0] == head.id and sorted(ran[1:]) == sorted(o.id for o in outs)
@@ -292,7 +292,7 @@ async def test_v5_schema_gains_the_observability_columns(
         async with q2.engine.connect() as conn:
             v = (await conn.execute(select(M.c.value).where(M.c.name == "schema_version"))
                  ).scalar_one()
-        assert v == str(SCHEMA_VERSION) == "6"
+        assert v == str(SCHEMA_VERSION)
         await q2.run_until_idle()
         job = await q2.get(jid)
         assert job.state == "done"
@@ -309,3 +309,38 @@ async def test_v5_schema_gains_the_observability_columns(
             have = await conn.run_sync(columns)
         assert {"progress", "errors"} <= have[J.name]
         assert {"types", "capacity", "config"} <= have[W.name]
+
+
+async def test_v6_schema_gains_the_overview_indexes(
+    make_queue: Callable[..., JobQueue],
+) -> None:
+    """v7 adds the dashboard overview's partial indexes by (state, group_key) for waiting,
+    scheduled and failed jobs on PostgreSQL and SQLite: a v6 database gets them from the
+    upgrade with its jobs intact. MySQL/MariaDB get none (their indexes cover every row)."""
+    q = make_queue()
+    names = {f"{q.prefix}ix_{s}_group" for s in OVERVIEW_COUNTED}
+
+    def indexes(sync_conn: Any) -> set[str]:
+        return {ix["name"] for ix in inspect(sync_conn).get_indexes(f"{q.prefix}jobs")}
+
+    async with q:
+        M = q._t.meta
+        jid = await q.enqueue("t", {})
+        async with q.engine.begin() as conn:
+            partial = conn.dialect.name in ("postgresql", "sqlite")
+            have = await conn.run_sync(indexes)
+            assert (have & names) == (names if partial else set())
+            for name in have & names:  # back to what v6 looked like
+                await conn.execute(text(f"DROP INDEX {name}"))
+            await conn.execute(update(M).where(M.c.name == "schema_version").values(value="6"))
+            assert not await conn.run_sync(indexes) & names
+
+    q2 = make_queue()
+    async with q2:  # upgrades
+        async with q2.engine.connect() as conn:
+            v = (await conn.execute(select(M.c.value).where(M.c.name == "schema_version"))
+                 ).scalar_one()
+            assert v == str(SCHEMA_VERSION) == "7"
+            have = await conn.run_sync(indexes)
+        assert (have & names) == (names if partial else set())
+        assert (await q2.get(jid)).state == "ready"

@@ -401,3 +401,23 @@ async def test_mounted_in_fastapi_links_stay_under_the_mount(
         assert r.headers["location"] == f"http://app/ops/queue/jobs/{dag.boom}"
         assert (await c.get("/ops/queue/api/jobs/999999")).json()["status"] == 404
     await q.close()
+
+
+async def test_every_overview_count_is_an_index_probe(
+    make_queue: Callable[..., JobQueue],
+) -> None:
+    """Each state the overview counts per group has an index leading with (state,
+    group_key) on every database (schema v7's partial ones on PostgreSQL and SQLite,
+    ``ix_ready`` on MySQL/MariaDB), so no count reads the table; and the planner takes it."""
+    q = make_queue()
+    async with q:
+        data = Q.Data(q)
+        async with q.engine.connect() as conn:
+            covered = await data._per_group_indexed(conn)
+            assert set(Q.LEAF_COUNTED) <= covered
+            if conn.dialect.name == "sqlite":
+                for state in ("waiting", "scheduled", "failed"):
+                    plan = " ".join(str(r[-1]) for r in await conn.exec_driver_sql(
+                        f"EXPLAIN QUERY PLAN SELECT group_key, count(*) FROM {q.prefix}jobs "
+                        f"WHERE state = '{state}' GROUP BY group_key"))
+                    assert f"{q.prefix}ix_{state}_group" in plan, plan
