@@ -21,7 +21,7 @@ from . import schema as S
 from .errors import InvalidJobError, JobNotFoundError
 from .models import Job, JobState
 from .sql import lit
-from .timeutil import db_now
+from .timeutil import as_utc, db_now
 
 if TYPE_CHECKING:
     from .queue import JobQueue
@@ -124,7 +124,7 @@ async def status(q: JobQueue, recent: float = 60.0) -> Status:
             totals[state] += n
         for g, ts in oldest.items():
             if ts is not None and g in groups:
-                groups[g].oldest_ready_age = max((t - _as_dt(ts)).total_seconds(), 0.0)
+                groups[g].oldest_ready_age = max((t - as_utc(ts)).total_seconds(), 0.0)
         workers, stale = [], 0
         for w in wrows:
             ago = max((t - w.last_seen).total_seconds(), 0.0)
@@ -137,17 +137,6 @@ async def status(q: JobQueue, recent: float = 60.0) -> Status:
                       workers, stale, recent, releasing)
 
     return await q._read(read)
-
-
-def _as_dt(v: Any) -> datetime:
-    # min() over a CASE loses the column type on some dialects; decode it the same way.
-    from .timeutil import UTCDateTime
-
-    if isinstance(v, datetime) and v.tzinfo is not None:
-        return v
-    out = UTCDateTime().process_result_value(v, None)  # type: ignore[arg-type]
-    assert out is not None
-    return out
 
 
 # -- jobs -----------------------------------------------------------------------------------

@@ -2,6 +2,6 @@
 defined): every lease and run_after is computed by the database, so workers on several hosts
 never compare their own clocks."""
 
-from .dialects.columns import UTCDateTime, db_now, utcnow_plus
+from .dialects.columns import UTCDateTime, as_utc, db_now, utcnow_plus
 
-__all__ = ["UTCDateTime", "db_now", "utcnow_plus"]
+__all__ = ["UTCDateTime", "as_utc", "db_now", "utcnow_plus"]

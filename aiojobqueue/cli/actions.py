@@ -21,6 +21,7 @@ from .runtime import (
     out,
     print_error,
     run,
+    run_on,
     safe_url,
 )
 
@@ -35,11 +36,7 @@ def retry(
     """Make a failed or cancelled job runnable again, with the jobs its end cancelled."""
     url = normalize_url(url)
 
-    async def go() -> list[int]:
-        async with opened(url, prefix) as q:
-            return await admin.retry(q, job_id)
-
-    revived = run(url, go)
+    revived = run_on(url, prefix, lambda q: admin.retry(q, job_id))
     if as_json:
         emit_json({"job_id": job_id, "revived": revived})
         return
@@ -59,11 +56,7 @@ def cancel(
     """Cancel a job or container and everything waiting on it."""
     url = normalize_url(url)
 
-    async def go() -> str:
-        async with opened(url, prefix) as q:
-            return await admin.cancel(q, job_id)
-
-    state = run(url, go)
+    state = run_on(url, prefix, lambda q: admin.cancel(q, job_id))
     code = Exit.FAILED if state in ("done", "failed") else Exit.OK
     if as_json:
         emit_json({"job_id": job_id, "state": state, "ok": code == Exit.OK})
@@ -123,11 +116,7 @@ def prune(
     except InvalidJobError as exc:
         raise typer.BadParameter(str(exc), param_hint="--older-than") from None
 
-    async def go() -> admin.PruneResult:
-        async with opened(url, prefix) as q:
-            return await admin.prune(q, age, dry_run=dry_run)
-
-    res = run(url, go)
+    res = run_on(url, prefix, lambda q: admin.prune(q, age, dry_run=dry_run))
     if as_json:
         emit_json(res)
         return

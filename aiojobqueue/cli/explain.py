@@ -9,11 +9,10 @@ from typing import Annotated
 
 import typer
 
-from ..explain import Explanation
 from ..schema import DEFAULT_PREFIX
 from . import render
 from .app import AsJson, Prefix, Url, app
-from .runtime import DEFAULT_URL, emit_json, normalize_url, opened, out, run
+from .runtime import DEFAULT_URL, emit_json, normalize_url, out, run_on
 
 
 @app.command()
@@ -27,11 +26,7 @@ def explain(
     no live worker serves its type."""
     url = normalize_url(url)
 
-    async def go() -> Explanation:
-        async with opened(url, prefix) as q:
-            return await q.explain(job_id)
-
-    e = run(url, go)
+    e = run_on(url, prefix, lambda q: q.explain(job_id))
     if as_json:
         emit_json(e.to_dict())
         return

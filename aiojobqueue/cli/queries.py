@@ -10,10 +10,11 @@ import typer
 
 from .. import admin, explain
 from ..models import Job
+from ..queue import JobQueue
 from ..schema import DEFAULT_PREFIX
 from . import render
 from .app import AsJson, Prefix, Url, app
-from .runtime import DEFAULT_URL, emit_json, normalize_url, opened, out, run
+from .runtime import DEFAULT_URL, emit_json, normalize_url, out, run_on
 
 
 @app.command()
@@ -29,12 +30,11 @@ def status(
     runnable jobs that no live worker serves, and groups held at their cap."""
     url = normalize_url(url)
 
-    async def go() -> tuple[admin.Status, dict[str, int], list[explain.GroupAtCap]]:
-        async with opened(url, prefix) as q:
-            return (await admin.status(q, recent=recent), await explain.unserved_types(q),
-                    await explain.groups_at_cap(q))
+    async def go(q: JobQueue) -> tuple[admin.Status, dict[str, int], list[explain.GroupAtCap]]:
+        return (await admin.status(q, recent=recent), await explain.unserved_types(q),
+                await explain.groups_at_cap(q))
 
-    st, unserved, at_cap = run(url, go)
+    st, unserved, at_cap = run_on(url, prefix, go)
     if as_json:
         emit_json({**admin.to_data(st), "unserved_types": unserved,
                    "groups_at_cap": at_cap})
@@ -58,12 +58,11 @@ def jobs(
     """List jobs, newest first."""
     url = normalize_url(url)
 
-    async def go() -> tuple[list[Job], datetime]:
-        async with opened(url, prefix) as q:
-            return (await admin.list_jobs(q, state=state, group=group, type=type_,
-                                          parent=parent, limit=limit), await admin.now(q))
+    async def go(q: JobQueue) -> tuple[list[Job], datetime]:
+        return (await admin.list_jobs(q, state=state, group=group, type=type_,
+                                      parent=parent, limit=limit), await admin.now(q))
 
-    found, now = run(url, go)
+    found, now = run_on(url, prefix, go)
     if as_json:
         emit_json(found)
         return
@@ -83,11 +82,10 @@ def show(
     """One job with its DAG: containers above it, children, dependencies, dependents."""
     url = normalize_url(url)
 
-    async def go() -> tuple[admin.JobGraph, datetime]:
-        async with opened(url, prefix) as q:
-            return await admin.graph(q, job_id, limit=limit), await admin.now(q)
+    async def go(q: JobQueue) -> tuple[admin.JobGraph, datetime]:
+        return await admin.graph(q, job_id, limit=limit), await admin.now(q)
 
-    g, now = run(url, go)
+    g, now = run_on(url, prefix, go)
     if as_json:
         emit_json(g)
         return

@@ -168,6 +168,15 @@ def run(url: str, fn: Callable[[], Awaitable[T]]) -> T:
         raise typer.Exit(e.code) from None
 
 
+def run_on(url: str, prefix: str, fn: Callable[[JobQueue], Awaitable[T]]) -> T:
+    """``fn`` on the started queue at ``url``: what most commands do (see ``run``)."""
+    async def go() -> T:
+        async with opened(url, prefix) as q:
+            return await fn(q)
+
+    return run(url, go)
+
+
 @contextlib.asynccontextmanager
 async def opened(url: str, prefix: str, *, migrate: bool = False,
                  must_exist: bool = True, **opts: Any) -> AsyncIterator[JobQueue]:

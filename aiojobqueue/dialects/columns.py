@@ -71,6 +71,16 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.astimezone(UTC)
 
 
+def as_utc(value: Any) -> datetime:
+    """A time read through an expression that lost the column's type (MIN over a CASE,
+    say), decoded as the column would have been."""
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        return value
+    out = UTCDateTime().process_result_value(value, None)  # type: ignore[arg-type]
+    assert out is not None
+    return out
+
+
 class utcnow_plus(FunctionElement[datetime]):
     """The database's current UTC time plus ``seconds`` (a float, may be negative)."""
 

@@ -24,7 +24,7 @@ from ..errors import InvalidJobError, InvalidStateError, JobNotFoundError
 from ..limits import RateLimit
 from ..models import Job, JobState
 from ..policy import GroupDemand, fair_share
-from ..timeutil import UTCDateTime, db_now, utcnow_plus
+from ..timeutil import UTCDateTime, as_utc, db_now, utcnow_plus
 
 if TYPE_CHECKING:
     from ..queue import JobQueue
@@ -493,7 +493,7 @@ class Data:
             for k, g in enumerate(part):
                 first, n = row[2 * k], int(row[2 * k + 1])
                 if first is not None:
-                    t = _as_dt(first)
+                    t = as_utc(first)
                     out[g] = (max((now - t).total_seconds(), 0.0), n > AGE_PROBE)
         return out
 
@@ -850,15 +850,6 @@ async def _first(conn: AsyncConnection, stmt: Any,
 
 def _min_cap(a: int | None, b: int) -> int:
     return b if a is None else min(a, b)
-
-
-def _as_dt(v: Any) -> datetime:
-    """A time read through an expression that lost the column type (MIN over a CASE)."""
-    if isinstance(v, datetime) and v.tzinfo is not None:
-        return v
-    out = UTCDateTime().process_result_value(v, None)  # type: ignore[arg-type]
-    assert out is not None
-    return out
 
 
 def _err_line(error: Any) -> str | None:
