@@ -25,6 +25,7 @@ from starlette.staticfiles import StaticFiles
 from ..errors import ConfigurationError, InvalidJobError, InvalidStateError, JobNotFoundError
 from . import dag as D
 from . import data as Q
+from . import views as V
 from .live import Hub
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ class Dashboard:
                                autoescape=select_autoescape(["html"]), trim_blocks=True,
                                lstrip_blocks=True)
         self.env.filters.update(ago=_ago, dur=_dur, when=_when, pretty=_pretty)
-        self.env.globals.update(STATES=Q.STATES, CAP=Q.CAP, GROUP_CAP=Q.GROUP_CAP)
+        self.env.globals.update(STATES=V.STATES, CAP=V.CAP, GROUP_CAP=V.GROUP_CAP)
         routes = [
             Route("/", self.overview, name="overview"),
             Route("/jobs", self.jobs, name="jobs"),

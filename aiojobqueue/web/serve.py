@@ -36,6 +36,12 @@ async def run(url: str, host: str = "127.0.0.1", port: int = 8000, read_only: bo
         server = uvicorn.Server(config)
         print(f"aiojobqueue dashboard ({level} access) on http://{host}:{port}/  "
               "(Ctrl-C stops it)", flush=True)
-        await server.serve()
+        serving = asyncio.ensure_future(server.serve())
+        try:
+            await asyncio.shield(serving)
+        except asyncio.CancelledError:  # stop as on Ctrl-C: connections and sockets closed
+            server.should_exit = True
+            await serving
+            raise
     finally:
         await queue.close()

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from aiojobqueue import JobQueue
 from aiojobqueue.web import dag as D
 from aiojobqueue.web import data as Q
+from aiojobqueue.web import views as V
 from aiojobqueue.web.data import Graph, Node
 
 
@@ -181,7 +182,7 @@ def test_beyond_the_limit_the_nearest_are_drawn() -> None:
 
 async def test_big_containers_are_summarised(make_queue: Callable[..., JobQueue],
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(Q, "DAG_CHILDREN", 5)
+    monkeypatch.setattr(V, "DAG_CHILDREN", 5)
     q = make_queue()
     async with q:
         async with q.batch() as b:

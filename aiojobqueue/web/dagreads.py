@@ -1,0 +1,137 @@
+"""The DAG page's reads: a job's outermost container with its content, its upstream and
+downstream closures, bounded by ``DAG_FETCH`` nodes (the layout is ``dag.py``'s)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+from sqlalchemy import func, literal, select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from .. import schema as S
+from ..errors import JobNotFoundError
+from . import views as V
+from .reader import Reader
+from .views import DAG_FETCH, STATES, Graph, Node, lit
+
+
+class DagReads(Reader):
+    """The DAG page's reads (a part of ``data.Data``)."""
+
+    async def dag(self, job_id: int) -> Graph:
+        """The DAG around a job: the whole content of its outermost container (or of the job
+        if it is one), its upstream and downstream closures, and the containers of every node
+        fetched. Bounded by DAG_FETCH nodes and DAG_CHILDREN children per container."""
+        J, D = self.t.jobs, self.t.deps
+        cols = (J.c.id, J.c.type, J.c.kind, J.c.state, J.c.parent_id, J.c.group_key)
+
+        async def read(conn: AsyncConnection) -> Graph:
+            nodes: dict[int, Node] = {}
+
+            async def fetch(ids: Iterable[int]) -> list[Node]:
+                want = sorted(set(ids) - nodes.keys())
+                got: list[Node] = []
+                for i in range(0, len(want), 500):
+                    part = want[i : i + 500]
+                    for r in await conn.execute(select(*cols).where(J.c.id.in_(part))):
+                        n = Node(r.id, r.type, r.kind, r.state, r.parent_id, r.group_key)
+                        nodes[n.id] = n
+                        got.append(n)
+                return got
+
+            first = await fetch([job_id])
+            if not first:
+                raise JobNotFoundError(f"no job with id {job_id}")
+            root = first[0]
+            while root.parent_id is not None and len(nodes) < 64:
+                got = await fetch([root.parent_id])
+                if not got:
+                    break
+                root = got[0]
+            hidden: dict[int, dict[str, int]] = {}
+            expanded: set[int] = set()
+
+            async def expand(level: list[int]) -> None:
+                """Containers' content, level by level, a bounded slice per container."""
+                while level and len(nodes) < DAG_FETCH:
+                    nxt: list[int] = []
+                    for cid in level:
+                        if cid in expanded:
+                            continue
+                        expanded.add(cid)
+                        kids = (await conn.execute(
+                            select(*cols).where(J.c.parent_id == cid).order_by(J.c.id)
+                            .limit(V.DAG_CHILDREN + 1))).all()
+                        for r in kids[:V.DAG_CHILDREN]:
+                            if r.id not in nodes:
+                                nodes[r.id] = Node(r.id, r.type, r.kind, r.state, r.parent_id,
+                                                   r.group_key)
+                            if r.kind == S.CONTAINER:
+                                nxt.append(r.id)
+                        if len(kids) > V.DAG_CHILDREN:
+                            hidden[cid] = await self._hidden(
+                                conn, cid, [r.id for r in kids[:V.DAG_CHILDREN]])
+                    level = nxt
+
+            truncated = False
+            await expand([root.id] if root.kind == S.CONTAINER else [])
+            # The focus job's closures over dependency edges (recursive CTEs, bounded).
+            for ids in (await self._closure(conn, job_id, up=True),
+                        await self._closure(conn, job_id, up=False)):
+                if len(ids) >= DAG_FETCH:
+                    truncated = True
+                await fetch(ids[: max(DAG_FETCH - len(nodes), 0)])
+            # ... and the content of the containers among them
+            await expand(sorted(n.id for n in nodes.values() if n.kind == S.CONTAINER))
+            # Containers of everything fetched, so each is drawn inside its box.
+            missing = {n.parent_id for n in nodes.values()} - nodes.keys() - {None}
+            rounds = 0
+            while missing and rounds < 16:
+                got = await fetch(m for m in missing if m is not None)
+                missing = {n.parent_id for n in got} - nodes.keys() - {None}
+                rounds += 1
+            ids = sorted(nodes)
+            edges: list[tuple[int, int]] = []
+            for i in range(0, len(ids), 500):
+                part = ids[i : i + 500]
+                for up, down in await conn.execute(
+                    select(D.c.depends_on_id, D.c.job_id).where(D.c.job_id.in_(part))):
+                    if up in nodes:
+                        edges.append((up, down))
+            return Graph(job_id, nodes, edges, hidden, truncated or len(nodes) >= DAG_FETCH)
+
+        return await self._read(read)
+
+    async def _hidden(self, conn: AsyncConnection, cid: int, shown: list[int]) -> dict[str, int]:
+        """State counts of a container's children not drawn (capped per state)."""
+        J = self.t.jobs
+        out: dict[str, int] = {}
+        for s in STATES:
+            n = await conn.scalar(select(func.count()).select_from(
+                select(literal(1).label("x"))
+                .where(J.c.parent_id == cid, J.c.state == lit(s), J.c.id.not_in(shown))
+                .limit(V.CAP + 1).subquery()))
+            if n:
+                out[s] = int(n)
+        return out
+
+    async def _closure(self, conn: AsyncConnection, job_id: int, up: bool) -> list[int]:
+        """Ids reachable from ``job_id`` over dependency edges (upstream or downstream),
+        DAG_FETCH at most."""
+        D = self.t.deps
+        src, dst = (D.c.job_id, D.c.depends_on_id) if up else (D.c.depends_on_id, D.c.job_id)
+        seed = select(dst.label("id")).where(src == job_id).cte("reach", recursive=True)
+        step = select(dst.label("id")).join(seed, src == seed.c.id)
+        reach = seed.union(step)
+        rows = await conn.execute(select(reach.c.id).limit(DAG_FETCH))
+        return [r[0] for r in rows]
+
+
+
+def group_states(nodes: Iterable[Node]) -> dict[str, int]:
+    """How many nodes are in each state."""
+    out: dict[str, int] = defaultdict(int)
+    for n in nodes:
+        out[n.state] += 1
+    return dict(out)
