@@ -92,8 +92,8 @@ pidfile = {self.dir}/pgbouncer.pid
             for f in self.dir.iterdir():
                 shutil.chown(f, "postgres")
             cmd[1:1] = ["-u", "postgres"]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
-                                     stderr=open(self.dir / "stderr.log", "wb"))  # noqa: SIM115
+        with open(self.dir / "stderr.log", "wb") as err:  # the child keeps its own copy
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
         deadline = time.monotonic() + timeout
         while True:
             try:

@@ -14,33 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from clikit import ROOT, acli, cli, one_line_error
 from conftest import drop_tables, eventually, server_url
 
 from aiojobqueue import JobQueue, JobState
 from aiojobqueue.schema import SCHEMA_VERSION
 
-ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "multi_worker"
-
-
-def cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
-        timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """``python -m aiojobqueue ARGS`` in a fresh process."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("AIOJOBQUEUE_")}
-    full_env = {**base, "COLUMNS": "200", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "aiojobqueue", *args], capture_output=True,
-                          text=True, env=full_env, cwd=cwd or ROOT, timeout=timeout)
-
-
-async def acli(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
-    return await asyncio.to_thread(cli, *args, **kw)
-
-
-def one_line_error(p: subprocess.CompletedProcess[str], code: int, starts: str) -> None:
-    assert p.returncode == code, (p.returncode, p.stdout, p.stderr)
-    assert "Traceback" not in p.stderr
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: {starts}"), p.stderr
 
 
 def test_demo_finishes_with_every_job_done(tmp_path: Path) -> None:

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from clikit import acli, one_line_error
 from conftest import eventually
-from test_cli import acli, one_line_error
 
 from aiojobqueue import JobContext, JobQueue, JobState
 

@@ -12,27 +12,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from finalizekit import watched_queue
 from tcpproxy import TcpProxy
 
 from aiojobqueue import JobContext, JobQueue, JobState
 
 SERVERS = pytest.mark.parametrize("db", ["postgresql", "mariadb"], indirect=True)
-
-
-def serving_queue(url: str, prefix: str, **kw: Any) -> JobQueue:
-    opts: dict[str, Any] = {"prefix": prefix, "poll_interval": 0.05, "lease_ttl": 3.0,
-                            "heartbeat_interval": 0.5, "retry_backoff": 0.01,
-                            "retry_backoff_max": 0.05, "shutdown_timeout": 1.0}
-    return JobQueue(url, **{**opts, **kw})
-
-
-def watched_queue(url: str, prefix: str) -> tuple[JobQueue, list[str]]:
-    """A serving queue and the list of its ``done`` / ``discarded`` events, in order."""
-    q = serving_queue(url, prefix)
-    events: list[str] = []
-    q.on("done", lambda e: events.append("done"))
-    q.on("discarded", lambda e: events.append("discarded"))
-    return q, events
 
 
 @SERVERS

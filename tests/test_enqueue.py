@@ -7,15 +7,15 @@ import asyncio
 import math
 import random
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import event, func, select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
+from stmtkit import count_statements, counts
 
 from aiojobqueue import (
     ContainerClosedError,
@@ -28,34 +28,6 @@ from aiojobqueue import (
     JobState,
     NotJSONError,
 )
-
-
-async def counts(q: JobQueue) -> tuple[int, int]:
-    """(rows in jobs, rows in deps): bad input must leave both unchanged."""
-    J, D = q._t.jobs, q._t.deps
-
-    async def read(conn: Any) -> tuple[int, int]:
-        nj = (await conn.execute(select(func.count()).select_from(J))).scalar_one()
-        nd = (await conn.execute(select(func.count()).select_from(D))).scalar_one()
-        return int(nj), int(nd)
-
-    return await q._read(read)
-
-
-@contextmanager
-def count_statements(q: JobQueue) -> Iterator[list[str]]:
-    """Collect every statement sent to the database while the block runs."""
-    seen: list[str] = []
-
-    def on_execute(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        seen.append(statement)
-
-    engine = q.engine.sync_engine
-    event.listen(engine, "before_cursor_execute", on_execute)
-    try:
-        yield seen
-    finally:
-        event.remove(engine, "before_cursor_execute", on_execute)
 
 
 def noop_handlers(q: JobQueue, *types: str) -> None:

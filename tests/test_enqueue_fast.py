@@ -17,7 +17,7 @@ from sqlalchemy import select, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
-from test_enqueue import count_statements, counts
+from stmtkit import count_statements, counts
 
 from aiojobqueue import InvalidJobError, JobQueue, JobState, NotJSONError
 from aiojobqueue.executor import HandlerSpec

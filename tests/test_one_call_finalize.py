@@ -9,17 +9,16 @@ neither re-runs nor double-finalizes; without the routine the long path does the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from conftest import eventually
+from finalizekit import serving, watched_queue
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 from tcpproxy import TcpProxy
-from test_crash_finalize import watched_queue
 
 import aiojobqueue.claim as claim_mod
 from aiojobqueue import JobContext, JobQueue, JobState
@@ -28,18 +27,6 @@ from aiojobqueue.finalize import Finalizer, Outcome
 from aiojobqueue.schema import build_tables
 
 PG_ONLY = pytest.mark.parametrize("db", ["postgresql"], indirect=True)
-
-
-@contextlib.asynccontextmanager
-async def serving(q: JobQueue) -> AsyncIterator[None]:
-    """``q.serve()`` in the background for the block's duration."""
-    task = asyncio.create_task(q.serve())
-    try:
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from chaoskit import chaos, random_dag
 from conftest import PG_URL, drop_tables
 from crashkit import Fleet, fleet_factory  # noqa: F401 - fixture
 from pgbouncer import PgBouncer
@@ -27,7 +28,6 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
-from test_chaos import chaos, random_dag
 
 from aiojobqueue import JobContext, JobQueue
 from aiojobqueue.dialects.base import connect_kwargs_for

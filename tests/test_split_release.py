@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from conftest import eventually
 from crashkit import Fleet, fleet_factory  # noqa: F401 - fixture
+from finalizekit import serving
 from sqlalchemy import func, select
-from test_one_call_finalize import serving
 
 import aiojobqueue.claim as claim_mod
 from aiojobqueue import JobContext, JobQueue, JobState, admin, fanout
