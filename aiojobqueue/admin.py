@@ -1,4 +1,5 @@
-"""Operator queries: status counts, job listings, a job's DAG neighbourhood, pruning.
+"""Operator queries: status counts, job listings, a job's DAG neighbourhood (pruning is
+``prune.py``).
 
 The command line is a thin shell over these functions; each takes a started ``JobQueue`` and
 works on every dialect. Ages are measured against the database clock, like leases.
@@ -6,15 +7,14 @@ works on every dialect. Ages are measured against the database clock, like lease
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import case, delete, func, select
+from sqlalchemy import case, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as S
@@ -261,128 +261,6 @@ async def retry(q: JobQueue, job_id: int) -> list[int]:
     ids = await q._write(lambda conn: core.actions.retry(conn, job_id))
     core.signals.wake()
     return ids
-
-
-# -- pruning --------------------------------------------------------------------------------
-_AGE = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h|d|w)", re.IGNORECASE)
-_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
-def parse_age(text: str) -> timedelta:
-    """``30s``, ``30m``, ``12h``, ``7d``, ``2w`` or combinations such as ``1d12h``."""
-    s = text.strip().replace(" ", "")
-    parts = _AGE.findall(s)
-    if not s or "".join(n + u for n, u in parts).lower() != s.lower():
-        raise InvalidJobError(
-            f"bad age {text!r}: use a number and a unit s/m/h/d/w, e.g. 30m, 12h, 7d"
-        )
-    return timedelta(seconds=sum(float(n) * _UNIT[u.lower()] for n, u in parts))
-
-
-@dataclass
-class PruneResult:
-    """What ``prune`` deleted (or, with ``dry_run``, would delete)."""
-
-    cutoff: datetime
-    jobs: int = 0
-    edges: int = 0
-    workers: int = 0
-    #: Finished top-level trees old enough but kept: a live job depends on one of their
-    #: jobs, or part of the tree is still live or finished after the cutoff.
-    kept: int = 0
-    dry_run: bool = False
-
-
-async def prune(
-    q: JobQueue, older_than: timedelta, *, dry_run: bool = False, batch: int = CHUNK
-) -> PruneResult:
-    """Delete finished jobs that finished more than ``older_than`` ago, keeping the DAG whole.
-
-    The unit of deletion is a top-level job with all its descendants (a container's whole
-    tree): it goes only when every job in it is terminal and finished before the cutoff, and
-    no live job outside it depends on any of its jobs. A job's edges go with it. Workers not
-    seen since the cutoff leave the registry. Each batch of trees is one transaction whose
-    rows are locked, so a concurrent retry or a new dependent waits and then sees a
-    consistent answer.
-    """
-    if older_than < timedelta(0):
-        raise InvalidJobError(f"older_than must not be negative: {older_than}")
-    J, D, W = q._t.jobs, q._t.deps, q._t.workers
-    cutoff = await now(q) - older_than
-    res = PruneResult(cutoff, dry_run=dry_run)
-    after = 0
-
-    async def step(conn: AsyncConnection) -> int | None:
-        roots = [r[0] for r in await conn.execute(
-            select(J.c.id).where(
-                J.c.parent_id.is_(None), J.c.state.in_(S.TERMINAL), J.c.finished_at < cutoff,
-                J.c.id > after,
-            ).order_by(J.c.id).limit(batch)
-        )]
-        if not roots:
-            return None
-        tree: dict[int, int] = {}  # member -> root
-        bad: set[int] = set()
-        # Level 0 locks the roots themselves (re-checked under the lock), then each level
-        # locks the children of the previous one.
-        level, by_id = roots, True
-        while level:
-            nxt: list[int] = []
-            for i in range(0, len(level), CHUNK):
-                part = level[i : i + CHUNK]
-                col = J.c.id if by_id else J.c.parent_id
-                stmt = q._started().db.ops.for_update(
-                    select(J.c.id, J.c.parent_id, J.c.state, J.c.finished_at)
-                    .where(col.in_(part)).order_by(J.c.id)
-                )
-                for r in await conn.execute(stmt):
-                    root = r.id if by_id else tree[r.parent_id]
-                    tree[r.id] = root
-                    if r.state not in S.TERMINAL or r.finished_at is None or (
-                        r.finished_at >= cutoff
-                    ):
-                        bad.add(root)
-                    nxt.append(r.id)
-            level, by_id = nxt, False
-        members = sorted(tree)
-        for i in range(0, len(members), CHUNK):
-            part = members[i : i + CHUNK]
-            rows = await conn.execute(
-                select(D.c.depends_on_id).join(J, J.c.id == D.c.job_id)
-                .where(D.c.depends_on_id.in_(part), J.c.state.in_(S.LIVE))
-            )
-            bad.update(tree[r[0]] for r in rows)
-        doomed = sorted(i for i, root in tree.items() if root not in bad)
-        res.kept += len(bad)
-        res.jobs += len(doomed)
-        for i in range(0, len(doomed), CHUNK):
-            part = doomed[i : i + CHUNK]
-            if dry_run:
-                res.edges += int((await conn.execute(
-                    select(func.count()).select_from(D)
-                    .where(D.c.job_id.in_(part) | D.c.depends_on_id.in_(part))
-                )).scalar_one())
-                continue
-            r1 = await conn.execute(delete(D).where(D.c.job_id.in_(part)))
-            r2 = await conn.execute(delete(D).where(D.c.depends_on_id.in_(part)))
-            res.edges += int(r1.rowcount) + int(r2.rowcount)
-            await conn.execute(delete(J).where(J.c.id.in_(part)))
-        return int(max(roots))
-
-    while True:
-        last = await q._write(step)
-        if last is None:
-            break
-        after = last
-
-    async def workers(conn: AsyncConnection) -> int:
-        if dry_run:
-            return int((await conn.execute(
-                select(func.count()).select_from(W).where(W.c.last_seen < cutoff))).scalar_one())
-        return int((await conn.execute(delete(W).where(W.c.last_seen < cutoff))).rowcount)
-
-    res.workers = await q._write(workers)
-    return res
 
 
 # -- plain data for --json ------------------------------------------------------------------

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from conftest import eventually
 
-from aiojobqueue import JobEvent, JobNotFoundError, JobQueue, JobState, SchemaError, admin
+from aiojobqueue import JobEvent, JobNotFoundError, JobQueue, JobState, SchemaError, admin, prune
 from aiojobqueue.errors import InvalidJobError
 from aiojobqueue.timeutil import utcnow_plus
 
@@ -111,15 +111,15 @@ async def test_graph_shows_ancestry_children_deps_and_dependents(queue: JobQueue
 
 
 def test_parse_age() -> None:
-    assert admin.parse_age("30m") == timedelta(minutes=30)
-    assert admin.parse_age("12h") == timedelta(hours=12)
-    assert admin.parse_age("7d") == timedelta(days=7)
-    assert admin.parse_age("1d12h") == timedelta(days=1, hours=12)
-    assert admin.parse_age("1.5h") == timedelta(minutes=90)
-    assert admin.parse_age("0s") == timedelta(0)
+    assert prune.parse_age("30m") == timedelta(minutes=30)
+    assert prune.parse_age("12h") == timedelta(hours=12)
+    assert prune.parse_age("7d") == timedelta(days=7)
+    assert prune.parse_age("1d12h") == timedelta(days=1, hours=12)
+    assert prune.parse_age("1.5h") == timedelta(minutes=90)
+    assert prune.parse_age("0s") == timedelta(0)
     for bad in ("", "7", "d", "7x", "-1d", "7d junk", "1h-2m"):
         with pytest.raises(InvalidJobError, match="bad age"):
-            admin.parse_age(bad)
+            prune.parse_age(bad)
 
 
 async def test_prune_keeps_dag_integrity(queue: JobQueue) -> None:
@@ -139,20 +139,20 @@ async def test_prune_keeps_dag_integrity(queue: JobQueue) -> None:
     await queue.run_until_idle()
     assert (await queue.get(old_box.id)).state == JobState.DONE
 
-    nothing = await admin.prune(queue, timedelta(hours=1))
+    nothing = await prune.prune(queue, timedelta(hours=1))
     assert (nothing.jobs, nothing.edges) == (0, 0)
-    dry = await admin.prune(queue, timedelta(0), dry_run=True)
+    dry = await prune.prune(queue, timedelta(0), dry_run=True)
     assert (dry.jobs, dry.edges, dry.kept) == (3, 1, 1)
     await queue.get(k1.id)  # a dry run deletes nothing
 
-    res = await admin.prune(queue, timedelta(0))
+    res = await prune.prune(queue, timedelta(0))
     assert (res.jobs, res.edges, res.kept) == (3, 1, 1)
     for gone in (old_box.id, k1.id, k2.id):
         with pytest.raises(JobNotFoundError):
             await queue.get(gone)
     assert (await queue.get(needed.id)).state == JobState.DONE
     assert (await queue.get(kid.id)).state == JobState.DONE
-    again = await admin.prune(queue, timedelta(0))
+    again = await prune.prune(queue, timedelta(0))
     assert again.jobs == 0 and again.kept == 1
 
 
@@ -160,9 +160,9 @@ async def test_prune_removes_stale_workers(queue: JobQueue) -> None:
     await add_dead_worker(queue, "old", seen_ago=7200)
     await add_dead_worker(queue, "recent", seen_ago=60)
     assert (await admin.status(queue)).stale_workers == 2
-    assert (await admin.prune(queue, timedelta(hours=3))).workers == 0
-    assert (await admin.prune(queue, timedelta(hours=1), dry_run=True)).workers == 1
-    assert (await admin.prune(queue, timedelta(hours=1))).workers == 1
+    assert (await prune.prune(queue, timedelta(hours=3))).workers == 0
+    assert (await prune.prune(queue, timedelta(hours=1), dry_run=True)).workers == 1
+    assert (await prune.prune(queue, timedelta(hours=1))).workers == 1
     assert (await admin.status(queue)).stale_workers == 1
 
 

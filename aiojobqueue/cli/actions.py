@@ -8,6 +8,7 @@ import typer
 from rich.markup import escape
 
 from .. import admin
+from .. import prune as pruning
 from ..errors import InvalidJobError
 from ..schema import DEFAULT_PREFIX
 from .app import AsJson, Prefix, Url, app
@@ -112,11 +113,11 @@ def prune(
     the cutoff and no live job depends on any of it; edges go with their jobs."""
     url = normalize_url(url)
     try:
-        age = admin.parse_age(older_than)
+        age = pruning.parse_age(older_than)
     except InvalidJobError as exc:
         raise typer.BadParameter(str(exc), param_hint="--older-than") from None
 
-    res = run_on(url, prefix, lambda q: admin.prune(q, age, dry_run=dry_run))
+    res = run_on(url, prefix, lambda q: pruning.prune(q, age, dry_run=dry_run))
     if as_json:
         emit_json(res)
         return

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from .. import admin, explain
+from .. import admin, fleet
 from ..models import Job
 from ..queue import JobQueue
 from ..schema import DEFAULT_PREFIX
@@ -30,16 +30,16 @@ def status(
     runnable jobs that no live worker serves, and groups held at their cap."""
     url = normalize_url(url)
 
-    async def go(q: JobQueue) -> tuple[admin.Status, dict[str, int], list[explain.GroupAtCap]]:
-        return (await admin.status(q, recent=recent), await explain.unserved_types(q),
-                await explain.groups_at_cap(q))
+    async def go(q: JobQueue) -> tuple[admin.Status, dict[str, int], list[fleet.GroupAtCap]]:
+        return (await admin.status(q, recent=recent), await fleet.unserved_types(q),
+                await fleet.groups_at_cap(q))
 
     st, unserved, at_cap = run_on(url, prefix, go)
     if as_json:
         emit_json({**admin.to_data(st), "unserved_types": unserved,
                    "groups_at_cap": at_cap})
         return
-    for part in render.status_view(st, url, explain.notes_of(unserved, at_cap)):
+    for part in render.status_view(st, url, fleet.notes_of(unserved, at_cap)):
         out.print(part)
 
 

@@ -24,8 +24,8 @@ from sqlalchemy import Connection, select, update
 
 from .. import schema as S
 from ..core import Core
-from ..explain import registration
 from ..finalize import Outcome
+from ..fleet import registration
 from ..hooks import JobEvent
 from ..logs import brief
 from ..sql import lit
