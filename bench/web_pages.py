@@ -4,7 +4,8 @@
 
 For each size N it fills fresh tables with N finished jobs (95% done, 4% failed, 1%
 cancelled, finished over the last 7 days) and N/10 live ones (60% ready, 25% waiting on a
-dependency, 15% scheduled, across 20 groups of weights 1-4; plus a 1,000-child container
+dependency, 15% scheduled; with ``--all-waiting`` all waiting; across 20 groups of
+weights 1-4; plus a 1,000-child container
 for the DAG page), then renders every page through the ASGI app (httpx, no network) and
 prints the median and the worst of ``--repeat`` renders in milliseconds. Each size runs
 twice: without the overview's per-group indexes (``schema.overview_indexes``, v7, built
@@ -39,7 +40,7 @@ GROUPS = [f"tenant-{i:02d}" for i in range(20)]
 CHUNK = 5_000
 
 
-async def fill(q: JobQueue, n: int) -> dict[str, int]:
+async def fill(q: JobQueue, n: int, all_waiting: bool = False) -> dict[str, int]:
     """Bulk-insert the rows (Core executemany; the queue's own enqueue is not the subject)."""
     t = build_tables(q.prefix)
     J = t.jobs
@@ -78,7 +79,8 @@ async def fill(q: JobQueue, n: int) -> dict[str, int]:
     live = []
     for i in range(n // 10):
         r = rng.random()
-        state = "ready" if r < 0.6 else "waiting" if r < 0.85 else "scheduled"
+        state = ("waiting" if all_waiting or 0.6 <= r < 0.85 else
+                 "ready" if r < 0.6 else "scheduled")
         g = GROUPS[i % len(GROUPS)]
         live.append({**base, "attempts": 0, "type": "fetch", "state": state,
                      "args": {"u": i}, "group_key": g, "weight": 1 + GROUPS.index(g) % 4,
@@ -185,12 +187,13 @@ async def plans(q: JobQueue) -> None:
                 print("  ", " | ".join(str(x) for x in row if x is not None))
 
 
-async def one_size(url: str, n: int, repeat: int, show_plans: bool) -> dict[str, Any]:
+async def one_size(url: str, n: int, repeat: int, show_plans: bool,
+                   all_waiting: bool = False) -> dict[str, Any]:
     prefix = f"b{uuid.uuid4().hex[:8]}_"
     q = JobQueue(url, prefix=prefix, concurrency=50)
     async with q:
         t0 = time.perf_counter()
-        ids = await fill(q, n)
+        ids = await fill(q, n, all_waiting)
         await analyze(q)
         filled = time.perf_counter() - t0
         print(f"# {n:,} finished + {n // 10:,} live rows in {filled:.0f} s", file=sys.stderr)
@@ -219,15 +222,20 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--plans", action="store_true")
     ap.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    ap.add_argument("--all-waiting", action="store_true",
+                    help="every live job waiting on a dependency (issue 21's 1M finished + "
+                         "100k waiting)")
     a = ap.parse_args()
     url = a.url or f"sqlite+aiosqlite:///{tempfile.mkdtemp()}/bench.db"
     sizes = [int(s) for s in a.sizes.split(",")]
     results = {}
     for i, n in enumerate(sizes):
-        results[n] = asyncio.run(one_size(url, n, a.repeat, a.plans and i == len(sizes) - 1))
+        results[n] = asyncio.run(one_size(url, n, a.repeat, a.plans and i == len(sizes) - 1,
+                                          a.all_waiting))
     backend = url.split(":", 1)[0]
     print(f"\nDashboard render, ms (median / worst of {a.repeat}) on {backend}; "
-          "N finished + N/10 live jobs; [v6: without the overview indexes] -> [v7, as is]")
+          f"N finished + N/10 {'waiting' if a.all_waiting else 'live'} jobs; "
+          "[v6: without the overview indexes] -> [v7, as is]")
     head = f"{'page':<28}" + "".join(f"{f'N={n:,}':>28}" for n in sizes)
     print(head)
     print("-" * len(head))
