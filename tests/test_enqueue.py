@@ -294,7 +294,9 @@ async def test_keyless_jobs_coexist_and_concurrent_batches_share_a_key(
 async def test_run_after_is_not_claimed_before_its_time(
     make_queue: Callable[..., JobQueue],
 ) -> None:
-    q = make_queue()
+    # promotions every 0.1 s: "at" and "later" come due 0.5 s apart, and one sweep that
+    # found both due would start the older id ("later") first
+    q = make_queue(poll_interval=0.1)
     seen: dict[str, float] = {}
 
     @q.handler("t")

@@ -36,7 +36,8 @@ async def test_priority_then_age_within_a_group_and_run_after(
         ids = {}
         for name, prio in (("a", 0), ("b", 5), ("c", 5), ("d", -1)):
             ids[name] = await q.enqueue("step", {"name": name}, priority=prio)
-        late = await q.enqueue("step", {"name": "late"}, priority=100, run_after=0.8)
+        # due well after the four have run, however loaded the machine
+        late = await q.enqueue("step", {"name": "late"}, priority=100, run_after=3.0)
         await q.run_until_idle()  # jobs delayed by run_after do not keep it running
         assert order == ["b", "c", "a", "d"]  # higher priority first, then oldest first
         assert (await q.get(late)).state == JobState.SCHEDULED
