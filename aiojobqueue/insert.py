@@ -219,6 +219,24 @@ class Inserter:
             s.ref._id = new_id
         return ids, any_ready
 
+    async def insert_alone_on(
+        self, conn: AsyncConnection, specs: Sequence[_Spec]
+    ) -> tuple[list[int], bool] | None:
+        """insert_alone on ``conn``, a connection in autocommit (SyncQueue's, on a sync
+        driver): the dialect's bulk statement, atomic by itself. None where there is none
+        (nothing written)."""
+        n = len(specs)
+        for s in specs:
+            s.state = S.SCHEDULED if s.run_after is not None else S.READY
+        any_ready = any(s.state == S.READY for s in specs)
+        ids = await self.path.bulk(
+            conn, _columns(specs, [None] * n, [False] * n, [None] * n), any_ready)
+        if ids is None:
+            return None
+        for s, new_id in zip(specs, ids, strict=True):
+            s.ref._id = new_id
+        return ids, any_ready
+
     async def _insert_rows(
         self, conn: AsyncConnection, rows: list[dict[str, Any]], wake: bool = False
     ) -> list[int]:

@@ -65,6 +65,14 @@ def _hook(engine: Engine) -> Engine:
 class SQLiteOps(DialectOps):
     name = "sqlite"
     async_scheme = "sqlite+aiosqlite"
+    sync_scheme = "sqlite+pysqlite"
+
+    @classmethod
+    def sync_engine(cls, url: Any, pool_size: int) -> Engine:
+        # WAL, busy timeout and BEGIN IMMEDIATE as on the async engine; the connections
+        # serve whichever thread checks them out
+        return _hook(create_engine(url, pool_size=pool_size, max_overflow=0,
+                                   connect_args={"check_same_thread": False}))
 
     def round_kind(self, routines: bool) -> type[ParallelRound]:
         # The database runs in this process, one writer at a time: a round's finalize and

@@ -5,6 +5,7 @@ the one-call finalize routines (routines.py and the .sql files beside it), the b
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -29,12 +30,15 @@ if TYPE_CHECKING:
     from ...worker.rounds import ParallelRound
 
 # deadlock, serialization failure, lock timeout, admin shutdown, cannot connect now
+#: an asyncpg parameter ($1) in the dialect's own SQL (PostgresOps.sync_driver_sql)
+_DOLLAR = re.compile(r"\$(\d+)")
 _TRANSIENT = {"40P01", "40001", "55P03", "57P01", "57P02", "57P03", "08000", "08003", "08006"}
 
 
 class PostgresOps(PgInsert, DialectOps):
     name = "postgresql"
     async_scheme = "postgresql+asyncpg"
+    sync_scheme = "postgresql+psycopg"
 
     def __init__(self, tables: Tables) -> None:
         super().__init__(tables)
@@ -151,6 +155,19 @@ class PostgresOps(PgInsert, DialectOps):
             name = type(cause).__name__ if cause is not None else ""
             return "Connection" in name or "CannotConnect" in name
         return False
+
+    def sync_driver_sql(self, sql: str, params: Any) -> tuple[str, Any]:
+        # asyncpg numbers its parameters ($1, one may appear twice); psycopg and psycopg2
+        # take %s in order (a literal % doubled)
+        values = list(params or ())
+        order: list[Any] = []
+
+        def positional(m: re.Match[str]) -> str:
+            order.append(values[int(m.group(1)) - 1])
+            return "%s"
+
+        text = _DOLLAR.sub(positional, sql.replace("%", "%%"))
+        return text, tuple(order)
 
     def json_param(self, name: str) -> Any:
         return cast(bindparam(name, type_=Text()), JSONB)

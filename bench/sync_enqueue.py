@@ -1,0 +1,128 @@
+"""SyncQueue's enqueue rate against JobQueue's, on each database, in the same run: N single
+``enqueue()`` calls and one batch of 1,000 jobs, each measured alternately (JobQueue,
+SyncQueue, JobQueue, ...) ``--reps`` times; the table gives medians and the ratio
+SyncQueue / JobQueue (the goal: >= 0.8). Both write to the same tables, emptied per rep.
+
+    PYTHONPATH=$PWD /work/venv/bin/python bench/sync_enqueue.py [--reps 5] [--single 500]
+        [--only sqlite,postgresql,mariadb]
+
+SQLite: a WAL file under /tmp/ajq-bench; PostgreSQL: postgres@127.0.0.1/test; MariaDB:
+root@127.0.0.1/test. Tables use the prefix ``syncb_`` and are dropped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import create_engine
+
+from aiojobqueue import JobQueue, SyncQueue
+from aiojobqueue.dialects.base import sync_url
+from aiojobqueue.schema import build_tables
+
+PREFIX = "syncb_"
+BATCH = 1_000
+URLS = {
+    "sqlite": "sqlite:////tmp/ajq-bench/sync_enqueue.db",
+    "postgresql": "postgresql://postgres@127.0.0.1:5432/test",
+    "mariadb": "mysql://root@127.0.0.1:3306/test",
+}
+
+
+def rate(n: int, fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return n / (time.perf_counter() - t0)
+
+
+def measure(name: str, url: str, reps: int, n_single: int) -> dict[str, float]:
+    loop = asyncio.new_event_loop()
+    aq = JobQueue(url, prefix=PREFIX)
+    loop.run_until_complete(aq.start())
+    sq = SyncQueue(url, prefix=PREFIX)
+    sq.start()
+    wipe = create_engine(sync_url(url))
+    t = build_tables(PREFIX)
+
+    def empty() -> None:
+        with wipe.begin() as c:
+            c.execute(t.deps.delete())
+            c.execute(t.jobs.delete())
+
+    async def a_single() -> None:
+        for _ in range(n_single):
+            await aq.enqueue("noop", {"ts": 0.0})
+
+    async def a_batch() -> None:
+        async with aq.batch() as b:
+            for _ in range(BATCH):
+                b.add("noop", {"ts": 0.0})
+
+    def s_single() -> None:
+        for _ in range(n_single):
+            sq.enqueue("noop", {"ts": 0.0})
+
+    def s_batch() -> None:
+        with sq.batch() as b:
+            for _ in range(BATCH):
+                b.add("noop", {"ts": 0.0})
+
+    got: dict[str, list[float]] = {k: [] for k in ("a1", "s1", "ab", "sb")}
+    try:
+        s_single()  # warm both up (connections, prepared statements, known groups)
+        loop.run_until_complete(a_single())
+        for rep in range(reps):
+            empty()
+            order = [("a", "s"), ("s", "a")][rep % 2]  # alternate who goes first
+            for who in order:
+                if who == "a":
+                    got["a1"].append(rate(n_single, lambda: loop.run_until_complete(a_single())))
+                    got["ab"].append(rate(BATCH, lambda: loop.run_until_complete(a_batch())))
+                else:
+                    got["s1"].append(rate(n_single, s_single))
+                    got["sb"].append(rate(BATCH, s_batch))
+    finally:
+        sq.close()
+        loop.run_until_complete(aq.close())
+        loop.close()
+        with wipe.begin() as c:
+            t.metadata.drop_all(c)
+        wipe.dispose()
+    med = {k: statistics.median(v) for k, v in got.items()}
+    # per-rep ratios (each pair measured back to back), their median
+    med["r1"] = statistics.median(s / a for s, a in zip(got["s1"], got["a1"], strict=True))
+    med["rb"] = statistics.median(s / a for s, a in zip(got["sb"], got["ab"], strict=True))
+    return med
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--single", type=int, default=500)
+    ap.add_argument("--only", default="sqlite,postgresql,mariadb")
+    args = ap.parse_args()
+    os.makedirs("/tmp/ajq-bench", exist_ok=True)
+    rows = []
+    for name in args.only.split(","):
+        m = measure(name, URLS[name], args.reps, args.single)
+        rows.append((name, m))
+        print(f"(done: {name})", flush=True)
+    print()
+    print(f"| database | JobQueue single/s | SyncQueue single/s | ratio | "
+          f"JobQueue batch of {BATCH:,} jobs/s | SyncQueue batch jobs/s | ratio |")
+    print("|---|---|---|---|---|---|---|")
+    for name, m in rows:
+        print(f"| {name} | {m['a1']:,.0f} | {m['s1']:,.0f} | **{m['r1']:.2f}** | "
+              f"{m['ab']:,.0f} | {m['sb']:,.0f} | **{m['rb']:.2f}** |")
+    print(f"\nmedians of {args.reps} alternated reps; ratio: the median of the per-rep "
+          "SyncQueue / JobQueue ratios")
+
+
+if __name__ == "__main__":
+    main()
