@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, insert, select
+from sqlalchemy import Engine, bindparam, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
@@ -219,20 +219,18 @@ class Inserter:
             s.ref._id = new_id
         return ids, any_ready
 
-    async def insert_alone_on(
-        self, conn: AsyncConnection, specs: Sequence[_Spec]
-    ) -> tuple[list[int], bool] | None:
-        """insert_alone on ``conn``, a connection in autocommit (SyncQueue's, on a sync
-        driver): the dialect's bulk statement, atomic by itself. None where there is none
-        (nothing written)."""
+    def insert_alone_sync(self, engine: Engine, specs: Sequence[_Spec]
+                          ) -> tuple[list[int], bool] | None:
+        """insert_alone for SyncQueue: the dialect's lone statement on a sync ``engine`` in
+        autocommit (InsertPath.alone_sync); None where it has none (nothing written)."""
+        alone = self.path.alone_sync
+        if alone is None:
+            return None
         n = len(specs)
         for s in specs:
             s.state = S.SCHEDULED if s.run_after is not None else S.READY
         any_ready = any(s.state == S.READY for s in specs)
-        ids = await self.path.bulk(
-            conn, _columns(specs, [None] * n, [False] * n, [None] * n), any_ready)
-        if ids is None:
-            return None
+        ids = alone(engine, _columns(specs, [None] * n, [False] * n, [None] * n), any_ready)
         for s, new_id in zip(specs, ids, strict=True):
             s.ref._id = new_id
         return ids, any_ready

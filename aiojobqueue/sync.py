@@ -93,6 +93,11 @@ class SyncQueue:
                 "an in-memory SQLite database")
         #: the engine of the SyncQueue's own inserts (in the caller's thread)
         self._engine = ops.sync_engine(sync, pool_size)
+        #: where a lone enqueue is one statement in autocommit (InsertPath.alone_sync), an
+        #: engine whose connections are in autocommit from the start (switching a pooled
+        #: one there and back costs more than the statement); made on first use
+        self._sync_url, self._ops_class, self._pool_size = sync, ops, pool_size
+        self._autocommit: Engine | None = None
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -115,6 +120,9 @@ class SyncQueue:
             self._closed = True
             self._loop = self._thread = None
         self._engine.dispose()
+        if self._autocommit is not None:
+            self._autocommit.dispose()
+            self._autocommit = None
         if loop is None or thread is None:
             return
         try:
@@ -229,11 +237,8 @@ class SyncQueue:
         transaction (a lock conflict retries it whole, a race on a key looks again)."""
         inserter = self._inserter()
         db = inserter.db
-        if inserter.path.alone is not None and inserter._lone(specs):
-            with self._engine.connect() as c:
-                c = c.execution_options(isolation_level="AUTOCOMMIT")
-                done = _drive(inserter.insert_alone_on(
-                    _bridge(c, db.ops), specs))
+        if inserter.path.alone_sync is not None and inserter._lone(specs):
+            done = inserter.insert_alone_sync(self._autocommit_engine(), specs)
             if done is not None:
                 return done[0]
         for attempt in range(3):
@@ -246,6 +251,18 @@ class SyncQueue:
                 for s in specs:
                     s.ref._id = None
         raise AssertionError("unreachable")
+
+    def _autocommit_engine(self) -> Engine:
+        engine = self._autocommit
+        if engine is None:
+            with self._lock:
+                if self._closed:
+                    raise NotStartedError("this SyncQueue is closed")
+                if self._autocommit is None:
+                    self._autocommit = self._ops_class.sync_engine(
+                        self._sync_url, self._pool_size, isolation_level="AUTOCOMMIT")
+                engine = self._autocommit
+        return engine
 
     def _write(self, fn: Callable[[Connection], T], retries: int = 8) -> T:
         """``fn(conn)`` in a transaction of the own engine; a lock conflict or deadlock
@@ -369,7 +386,7 @@ class _SyncConnection:
 
     async def exec_driver_sql(self, sql: str, parameters: Any = None) -> Any:
         # the dialect's bulk SQL is written for its async driver's parameter style
-        sql, parameters = self._ops.sync_driver_sql(sql, parameters)
+        sql, parameters = self._ops.sync_driver_sql(sql, parameters, self.dialect.driver)
         return self._conn.exec_driver_sql(sql, parameters)
 
     def get_execution_options(self) -> Any:

@@ -275,19 +275,19 @@ class DialectOps(ABC):
         return None
 
     @classmethod
-    def sync_engine(cls, url: URL, pool_size: int) -> Engine:
+    def sync_engine(cls, url: URL, pool_size: int, **kwargs: Any) -> Engine:
         """A sync engine on ``url`` (a sync driver's) as aiojobqueue connects: the URL
-        adjustments and engine keywords of the async one, ``pool_size`` connections and no
-        overflow (SyncQueue's enqueue path)."""
+        adjustments and engine keywords of the async one (``kwargs`` win), ``pool_size``
+        connections and no overflow (SyncQueue's enqueue path)."""
         from sqlalchemy import create_engine
 
         return create_engine(cls.normalize_url(url), pool_size=pool_size, max_overflow=0,
-                             **cls.engine_kwargs())
+                             **{**cls.engine_kwargs(), **kwargs})
 
-    def sync_driver_sql(self, sql: str, params: Any) -> tuple[str, Any]:
+    def sync_driver_sql(self, sql: str, params: Any, driver: str) -> tuple[str, Any]:
         """``sql`` written for this dialect's async driver (the bulk statements), with its
-        ``params``, as a sync driver takes them (SyncQueue's transactional enqueue on a
-        caller's ``Connection``). The same wherever both drivers share a parameter style."""
+        ``params``, as the sync ``driver`` (SQLAlchemy's name: psycopg, pymysql…) takes them
+        (SyncQueue's inserts). The same wherever both drivers share a parameter style."""
         return sql, params
 
     def json_param(self, name: str) -> Any:
@@ -323,6 +323,9 @@ class InsertPath:
 
     #: ``alone(engine, cols, wake)``: the ids, the jobs committed; or None (nothing written)
     alone: Callable[[AsyncEngine, JobColumns, bool], Awaitable[list[int] | None]] | None = None
+    #: ``alone_sync(engine, cols, wake)``: ``alone`` on a sync engine in autocommit
+    #: (SyncQueue's), the ids; None: none here
+    alone_sync: Callable[[Engine, JobColumns, bool], list[int]] | None = None
 
     def __init__(self, ops: DialectOps) -> None:
         self.ops = ops

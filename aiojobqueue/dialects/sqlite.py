@@ -68,11 +68,11 @@ class SQLiteOps(DialectOps):
     sync_scheme = "sqlite+pysqlite"
 
     @classmethod
-    def sync_engine(cls, url: Any, pool_size: int) -> Engine:
+    def sync_engine(cls, url: Any, pool_size: int, **kwargs: Any) -> Engine:
         # WAL, busy timeout and BEGIN IMMEDIATE as on the async engine; the connections
         # serve whichever thread checks them out
         return _hook(create_engine(url, pool_size=pool_size, max_overflow=0,
-                                   connect_args={"check_same_thread": False}))
+                                   connect_args={"check_same_thread": False}, **kwargs))
 
     def round_kind(self, routines: bool) -> type[ParallelRound]:
         # The database runs in this process, one writer at a time: a round's finalize and
