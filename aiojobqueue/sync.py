@@ -223,10 +223,8 @@ class SyncQueue:
         """Insert ``specs`` on the caller's connection, in the caller's thread (see the
         module docstring)."""
         inserter = self._inserter()
+        # (a Connection not yet in a transaction begins one: SQLAlchemy's autobegin)
         conn = connection.connection() if isinstance(connection, Session) else connection
-        if not conn.in_transaction():
-            raise InvalidJobError(
-                "connection= is for a transactional enqueue: begin a transaction on it first")
         ids, _ = _drive(inserter.insert_specs(
             _bridge(conn, inserter.db.ops), specs))
         return ids
