@@ -9,6 +9,7 @@ blocks the test's event loop, which is the point: SyncQueue needs no loop of its
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -122,16 +123,15 @@ async def test_enqueue_in_a_transaction_that_rolls_back_leaves_nothing(
     queue: JobQueue, sq: SyncQueue, app_engine: Engine, prefix: str
 ) -> None:
     before = count(app_engine, prefix)
-    with app_engine.connect() as conn:
-        with conn.begin() as tx:
-            jid = sq.enqueue("t", {"x": 1}, connection=conn)
-            with sq.batch(connection=conn) as b:
-                up = b.add("t")
-                b.add("t", depends_on=[up, jid])
-            # inside the transaction the caller sees its jobs
-            assert conn.execute(select(func.count()).select_from(
-                build_tables(prefix).jobs)).scalar_one() == before + 3
-            tx.rollback()
+    with app_engine.connect() as conn, conn.begin() as tx:
+        jid = sq.enqueue("t", {"x": 1}, connection=conn)
+        with sq.batch(connection=conn) as b:
+            up = b.add("t")
+            b.add("t", depends_on=[up, jid])
+        # inside the transaction the caller sees its jobs
+        assert conn.execute(select(func.count()).select_from(
+            build_tables(prefix).jobs)).scalar_one() == before + 3
+        tx.rollback()
     assert count(app_engine, prefix) == before
     with pytest.raises(JobNotFoundError):
         sq.get(jid)
@@ -226,11 +226,10 @@ async def test_bad_input_fails_as_on_jobqueue_and_writes_nothing(
             s = ab.container("site")
             r = ab.add("report", depends_on=[s])
             ab.add("fetch", parent=s, depends_on=[r])
-    with pytest.raises(type(a_cycle.value), match=str(a_cycle.value)[:20]):
-        with sq.batch() as b:
-            s2 = b.container("site")
-            r2 = b.add("report", depends_on=[s2])
-            b.add("fetch", parent=s2, depends_on=[r2])
+    with pytest.raises(type(a_cycle.value), match=re.escape(str(a_cycle.value))), sq.batch() as b:
+        s2 = b.container("site")
+        r2 = b.add("report", depends_on=[s2])
+        b.add("fetch", parent=s2, depends_on=[r2])
     for call in ("get", "cancel", "retry", "explain"):
         for bad_id in (0, -1, 10**12, "1"):
             with pytest.raises(JobNotFoundError) as s_err:
@@ -277,9 +276,9 @@ async def test_many_threads_enqueue_at_once(
         start.wait()
         mine = [sq.enqueue("t", {"thread": n, "i": i}) for i in range(each)]
         keyed = sq.enqueue("t", key="one-for-all")  # all threads race on one key
-        with app_engine.begin() as conn:  # and transactional batches meanwhile
-            with sq.batch(connection=conn) as b:
-                refs = [b.add("t", {"thread": n, "tx": i}) for i in range(3)]
+        # and transactional batches meanwhile
+        with app_engine.begin() as conn, sq.batch(connection=conn) as b:
+            refs = [b.add("t", {"thread": n, "tx": i}) for i in range(3)]
         return mine, keyed, [r.id for r in refs]
 
     with ThreadPoolExecutor(threads) as pool:
