@@ -108,6 +108,13 @@ class SyncQueue:
         """The table prefix."""
         return self._queue.prefix
 
+    @property
+    def engine(self) -> Engine:
+        """The sync engine this SyncQueue inserts with (the URL's sync driver: psycopg,
+        PyMySQL, sqlite3). An app may share it for its own tables, so that one URL serves
+        both; enqueue with ``connection=`` on it to join the app's transactions."""
+        return self._engine
+
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
         """Connect and create or upgrade the schema (the first call does it anyway)."""
