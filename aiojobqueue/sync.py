@@ -20,6 +20,7 @@ It shares everything with ``JobQueue`` rather than being a second implementation
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import threading
 import time
@@ -77,9 +78,13 @@ class SyncQueue:
         pool_size: int = DEFAULT_POOL_SIZE,
     ) -> None:
         url = _url_of(url_or_engine)
-        self._queue = JobQueue(
-            _async_url(url), prefix=prefix, max_attempts=max_attempts,
-            default_group=default_group, pool_size=pool_size)
+
+        def make_queue() -> JobQueue:
+            return JobQueue(_async_url(url), prefix=prefix, max_attempts=max_attempts,
+                            default_group=default_group, pool_size=pool_size)
+
+        self._make_queue = make_queue
+        self._queue = make_queue()
         sync = make_url(sync_url(url))
         ops = ops_class_for(sync.get_backend_name())
         if ops is None:
@@ -102,6 +107,7 @@ class SyncQueue:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._pid = os.getpid()
 
     @property
     def prefix(self) -> str:
@@ -150,7 +156,9 @@ class SyncQueue:
     def _loop_for_call(self) -> asyncio.AbstractEventLoop:
         """The private event loop, started (with the queue) on first use."""
         loop = self._loop
-        if loop is not None:
+        if self._pid != os.getpid():
+            self._forked()
+        elif loop is not None:
             return loop
         with self._lock:
             if self._closed:
@@ -169,6 +177,18 @@ class SyncQueue:
                     raise
                 self._loop, self._thread = loop, thread
             return self._loop
+
+    def _forked(self) -> None:
+        """In a child process (os.fork: gunicorn, multiprocessing) the loop's thread did not
+        come along and the pooled connections are the parent's: leave them to it (closing
+        them would end the parent's sessions) and start afresh on first use."""
+        self._lock = threading.Lock()  # (the parent's may have been held at the fork)
+        self._pid = os.getpid()
+        self._engine.dispose(close=False)
+        if self._autocommit is not None:
+            self._autocommit.dispose(close=False)
+        self._queue = self._make_queue()
+        self._loop = self._thread = None
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the private loop; its result, or its exception raised here."""

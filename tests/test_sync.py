@@ -311,3 +311,25 @@ def test_close_is_idempotent_and_final(tmp_path: Any) -> None:
     for call in fails:
         with pytest.raises(Exception, match="closed"):
             call()
+
+
+def forked_child(q: SyncQueue, parent_job: int, out: Any) -> None:
+    jid = q.enqueue("t", {"from": "child"})
+    out.put((q.get(parent_job).type, q.get(jid).args))
+
+
+def test_a_forked_child_uses_the_parents_syncqueue(tmp_path: Any) -> None:
+    """gunicorn and multiprocessing fork after the app made its SyncQueue: the child has no
+    loop thread and must not use the parent's connections (it would hang or corrupt them)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    with SyncQueue(f"sqlite:///{tmp_path}/jobs.db") as q:
+        parent_job = q.enqueue("t")  # the loop and the pools are in use before the fork
+        out = ctx.Queue()
+        child = ctx.Process(target=forked_child, args=(q, parent_job, out))
+        child.start()
+        child.join(60)
+        assert child.exitcode == 0
+        assert out.get(timeout=5) == ("t", {"from": "child"})
+        assert q.enqueue("t") > parent_job  # the parent's queue still works
