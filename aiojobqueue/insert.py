@@ -51,6 +51,7 @@ class Inserter:
                 conn = await connection.connection()
             else:
                 conn = connection
+            await self.db.ops.begin_write(conn)  # (SQLite: what it reads stays true)
             ids, _ = await self.insert_specs(conn, specs)
             return ids
         if self.path.alone is not None and self._lone(specs):

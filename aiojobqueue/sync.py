@@ -252,9 +252,14 @@ class SyncQueue:
         inserter = self._inserter()
         # (a Connection not yet in a transaction begins one: SQLAlchemy's autobegin)
         conn = connection.connection() if isinstance(connection, Session) else connection
-        ids, _ = _drive(inserter.insert_specs(
-            _bridge(conn, inserter.db.ops), specs))
-        return ids
+        bridge = _bridge(conn, inserter.db.ops)
+
+        async def insert() -> list[int]:
+            await inserter.db.ops.begin_write(bridge)
+            ids, _ = await inserter.insert_specs(bridge, specs)
+            return ids
+
+        return _drive(insert())
 
     def _insert_own(self, specs: list[Any]) -> list[int]:
         """Insert ``specs`` on the SyncQueue's own engine, as ``Inserter.insert`` does: a

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine, create_engine, func, select
+from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.orm import Session
 
 from aiojobqueue import (
@@ -333,3 +334,51 @@ def test_a_forked_child_uses_the_parents_syncqueue(tmp_path: Any) -> None:
         assert child.exitcode == 0
         assert out.get(timeout=5) == ("t", {"from": "child"})
         assert q.enqueue("t") > parent_job  # the parent's queue still works
+
+
+@pytest.mark.parametrize("db", ["sqlite"])
+async def test_sqlite_a_callers_transaction_is_the_writer_before_the_insert_reads(
+    db_url: str, prefix: str, sq: SyncQueue, queue: JobQueue, app_engine: Engine
+) -> None:
+    """On SQLite the caller's connection begins no write transaction until its first write:
+    the insert's reads (an upstream's state) could go stale before its INSERT, and a job
+    depending on one that finished meanwhile would wait forever. No other connection may
+    write from the insert's first read on, for SyncQueue's and JobQueue's inserts alike."""
+    import sqlite3
+
+    path = app_engine.url.database
+    assert path is not None
+    up = sq.enqueue("t")
+    other = sqlite3.connect(path, timeout=0, isolation_level=None, check_same_thread=False)
+    seen: list[str] = []
+
+    def try_to_write(sql: str) -> None:
+        if sql.lstrip().upper().startswith("SELECT") and f"{prefix}jobs" in sql:
+            try:
+                other.execute("BEGIN IMMEDIATE")
+                other.execute("ROLLBACK")
+                seen.append("another writer got in")
+            except sqlite3.OperationalError:
+                seen.append("locked")
+
+    with app_engine.connect() as conn:
+        raw: Any = conn.connection.driver_connection
+        raw.set_trace_callback(try_to_write)
+        jid = sq.enqueue("t", depends_on=[up], connection=conn)
+        raw.set_trace_callback(None)
+        conn.commit()
+    assert seen and set(seen) == {"locked"}, seen
+    seen.clear()
+    async_engine = create_async_engine(db_url)  # the same on JobQueue's connection= path
+    try:
+        async with async_engine.connect() as aconn:
+            araw: Any = (await aconn.get_raw_connection()).driver_connection
+            await araw.set_trace_callback(try_to_write)
+            async with queue.batch(connection=aconn) as b:
+                b.add("t", depends_on=[jid])
+            await araw.set_trace_callback(None)
+            await aconn.commit()
+    finally:
+        await async_engine.dispose()
+        other.close()
+    assert seen and set(seen) == {"locked"}, seen

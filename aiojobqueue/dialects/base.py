@@ -197,6 +197,11 @@ class DialectOps(ABC):
         m = self.t.meta
         await conn.execute(self.for_update(select(m.c.value).where(m.c.name == "gate")))
 
+    async def begin_write(self, conn: AsyncConnection) -> None:  # noqa: B027 - optional hook
+        """Before an insert on a caller's connection reads anything: make the caller's
+        transaction hold what a write transaction of the queue's own would (no-op where the
+        insert's row locks already keep what it reads true until commit)."""
+
     async def insert_ignore(
         self, conn: AsyncConnection, table: Table, rows: list[dict[str, Any]]
     ) -> None:

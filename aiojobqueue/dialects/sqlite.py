@@ -124,6 +124,13 @@ class SQLiteOps(DialectOps):
     async def lock_gate(self, conn: AsyncConnection) -> None:
         return None  # the write lock is the gate
 
+    async def begin_write(self, conn: AsyncConnection) -> None:
+        # A caller's connection has no BEGIN IMMEDIATE: the driver begins (deferred) at the
+        # first write, so the insert's reads (keys, upstream states) could go stale before
+        # its INSERT, and a dependent of a job finishing meanwhile would wait forever. A
+        # write that changes nothing takes the write lock first (a no-op if held).
+        await conn.exec_driver_sql(f'UPDATE "{self.t.meta.name}" SET value = value WHERE 0')
+
     def read_only(self, conn: AsyncConnection) -> Any:
         return conn.execution_options(ajq_begin="DEFERRED")
 
