@@ -382,3 +382,25 @@ async def test_sqlite_a_callers_transaction_is_the_writer_before_the_insert_read
         await async_engine.dispose()
         other.close()
     assert seen and set(seen) == {"locked"}, seen
+
+
+@pytest.mark.parametrize("db", ["pgbouncer"])
+async def test_behind_a_transaction_pooler(queue: JobQueue, sq: SyncQueue) -> None:
+    """PgBouncer in transaction mode hands each transaction any server connection: a
+    statement prepared by name on one (psycopg 3 prepares what it runs 5 times) is missing
+    on the next. Threads at once, so that the pooler really mixes its connections."""
+    register(queue)
+
+    def work(n: int) -> list[int]:
+        ids = [sq.enqueue("t", {"n": n, "i": i}) for i in range(30)]
+        for i in range(5):
+            with sq.batch() as b:
+                refs = [b.add("t", {"n": n, "b": i, "j": j}) for j in range(3)]
+            ids += [r.id for r in refs]
+            ids.append(sq.enqueue("t", {"n": n}, key=f"k-{n}-{i}"))
+        return ids
+
+    with ThreadPoolExecutor(6) as pool:
+        ids = [i for part in pool.map(work, range(6)) for i in part]
+    assert len(set(ids)) == len(ids) == 6 * (30 + 5 * 4)
+    assert sq.get(ids[-1]).state == JobState.READY

@@ -9,7 +9,20 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import CTE, BigInteger, Select, Text, any_, bindparam, cast, func, literal, select
+from sqlalchemy import (
+    CTE,
+    BigInteger,
+    Engine,
+    Select,
+    Text,
+    any_,
+    bindparam,
+    cast,
+    event,
+    func,
+    literal,
+    select,
+)
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import URL
@@ -22,7 +35,12 @@ from ..base import DialectOps, InsertPath, Listener
 from . import routines
 from .insert import PgInsert, PgInsertPath
 from .listener import PROBE_WAIT, Deafness, PgListener
-from .pooler import POOLED_CONNECT_ARGS, pooler_connect_args, refuse_caching_engine
+from .pooler import (
+    POOLED_CONNECT_ARGS,
+    no_prepare_behind_a_pooler,
+    pooler_connect_args,
+    refuse_caching_engine,
+)
 
 __all__ = ["POOLED_CONNECT_ARGS", "PROBE_WAIT", "PostgresOps"]
 
@@ -47,6 +65,13 @@ class PostgresOps(PgInsert, DialectOps):
     @staticmethod
     async def connect_args(url: URL) -> dict[str, Any]:
         return await pooler_connect_args(url)
+
+    @classmethod
+    def sync_engine(cls, url: URL, pool_size: int, **kwargs: Any) -> Engine:
+        engine = super().sync_engine(url, pool_size, **kwargs)
+        if url.get_driver_name() == "psycopg":
+            event.listen(engine, "connect", no_prepare_behind_a_pooler)
+        return engine
 
     @staticmethod
     def parse_listen_url(url: URL) -> URL:
