@@ -36,10 +36,11 @@ URLS = {
 }
 
 
-def rate(n: int, fn: Callable[[], Any]) -> float:
-    t0 = time.perf_counter()
+def rate(n: int, fn: Callable[[], Any]) -> tuple[float, float]:
+    """(jobs per second of wall time, this process's CPU microseconds per job)."""
+    t0, c0 = time.perf_counter(), time.process_time()
     fn()
-    return n / (time.perf_counter() - t0)
+    return n / (time.perf_counter() - t0), (time.process_time() - c0) / n * 1e6
 
 
 def measure(name: str, url: str, reps: int, n_single: int) -> dict[str, float]:
@@ -74,7 +75,7 @@ def measure(name: str, url: str, reps: int, n_single: int) -> dict[str, float]:
             for _ in range(BATCH):
                 b.add("noop", {"ts": 0.0})
 
-    got: dict[str, list[float]] = {k: [] for k in ("a1", "s1", "ab", "sb")}
+    got: dict[str, list[tuple[float, float]]] = {k: [] for k in ("a1", "s1", "ab", "sb")}
     try:
         s_single()  # warm both up (connections, prepared statements, known groups)
         loop.run_until_complete(a_single())
@@ -102,10 +103,15 @@ def measure(name: str, url: str, reps: int, n_single: int) -> dict[str, float]:
         with wipe.begin() as c:
             t.metadata.drop_all(c)
         wipe.dispose()
-    med = {k: statistics.median(v) for k, v in got.items()}
-    # per-rep ratios (each pair measured back to back), their median
-    med["r1"] = statistics.median(s / a for s, a in zip(got["s1"], got["a1"], strict=True))
-    med["rb"] = statistics.median(s / a for s, a in zip(got["sb"], got["ab"], strict=True))
+    med = {k: statistics.median(r for r, _ in v) for k, v in got.items()}
+    med.update({f"{k}_cpu": statistics.median(c for _, c in v) for k, v in got.items()})
+    # per-pair ratios (each pair measured back to back), their median; by CPU: JobQueue's
+    # CPU per job over SyncQueue's (above 1: SyncQueue spends less)
+    for a, s_, r in (("a1", "s1", "r1"), ("ab", "sb", "rb")):
+        med[r] = statistics.median(
+            s[0] / a_[0] for s, a_ in zip(got[s_], got[a], strict=True))
+        med[r + "_cpu"] = statistics.median(
+            a_[1] / s[1] for s, a_ in zip(got[s_], got[a], strict=True))
     return med
 
 
@@ -128,8 +134,16 @@ def main() -> None:
     for name, m in rows:
         print(f"| {name} | {m['a1']:,.0f} | {m['s1']:,.0f} | **{m['r1']:.2f}** | "
               f"{m['ab']:,.0f} | {m['sb']:,.0f} | **{m['rb']:.2f}** |")
-    print(f"\nmedians of {args.reps} alternated reps; ratio: the median of the per-rep "
-          "SyncQueue / JobQueue ratios")
+    print(f"\nmedians of {args.reps} alternated pairs; ratio: the median of the pairs' "
+          "SyncQueue / JobQueue rates")
+    print("\nThis process's CPU per job (microseconds; steadier than wall time on a loaded "
+          "machine), ratio JobQueue / SyncQueue:\n")
+    print("| database | JobQueue single | SyncQueue single | ratio | JobQueue batch | "
+          "SyncQueue batch | ratio |")
+    print("|---|---|---|---|---|---|---|")
+    for name, m in rows:
+        print(f"| {name} | {m['a1_cpu']:,.0f} | {m['s1_cpu']:,.0f} | **{m['r1_cpu']:.2f}** | "
+              f"{m['ab_cpu']:,.1f} | {m['sb_cpu']:,.1f} | **{m['rb_cpu']:.2f}** |")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
@@ -185,16 +186,25 @@ class PostgresOps(PgInsert, DialectOps):
         # asyncpg numbers its parameters ($1, one may appear twice); psycopg and psycopg2
         # take them in order (a literal % doubled), psycopg (3) as %b: binary, like asyncpg
         # (in text, each string of an array is escaped by a regex: a third of a batch's time)
-        values = list(params or ())
-        order: list[Any] = []
-        mark = "%b" if driver == "psycopg" else "%s"
+        key = (sql, driver)
+        done = self._sync_sql.get(key)
+        if done is None:
+            order: list[int] = []
+            mark = "%b" if driver == "psycopg" else "%s"
 
-        def positional(m: re.Match[str]) -> str:
-            order.append(values[int(m.group(1)) - 1])
-            return mark
+            def positional(m: re.Match[str]) -> str:
+                order.append(int(m.group(1)) - 1)
+                return mark
 
-        text = _DOLLAR.sub(positional, sql.replace("%", "%%"))
-        return text, tuple(order)
+            text = _DOLLAR.sub(positional, sql.replace("%", "%%"))
+            done = self._sync_sql[key] = (text, tuple(order))
+        values = params or ()
+        return done[0], tuple(values[i] for i in done[1])
+
+    @cached_property
+    def _sync_sql(self) -> dict[tuple[str, str], tuple[str, tuple[int, ...]]]:
+        """sync_driver_sql's translations (the dialect's few statement shapes)."""
+        return {}
 
     def json_param(self, name: str) -> Any:
         return cast(bindparam(name, type_=Text()), JSONB)
