@@ -25,6 +25,7 @@ from .limits import Limit, RateLimit
 from .models import Job, JobState
 from .queue import JobQueue
 from .schema import metadata
+from .sync import SyncBatch, SyncQueue
 
 __all__ = [
     "AioJobQueueError",
@@ -53,6 +54,8 @@ __all__ = [
     "RateLimit",
     "Reason",
     "SchemaError",
+    "SyncBatch",
+    "SyncQueue",
     "UnsupportedDatabaseError",
     "metadata",
 ]

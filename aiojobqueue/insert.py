@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, insert, select
+from sqlalchemy import Engine, bindparam, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
@@ -51,6 +51,7 @@ class Inserter:
                 conn = await connection.connection()
             else:
                 conn = connection
+            await self.db.ops.begin_write(conn)  # (SQLite: what it reads stays true)
             ids, _ = await self.insert_specs(conn, specs)
             return ids
         if self.path.alone is not None and self._lone(specs):
@@ -215,6 +216,22 @@ class Inserter:
         ids = await alone(self.db.engine, cols, any_ready)
         if ids is None:
             return None
+        for s, new_id in zip(specs, ids, strict=True):
+            s.ref._id = new_id
+        return ids, any_ready
+
+    def insert_alone_sync(self, engine: Engine, specs: Sequence[_Spec]
+                          ) -> tuple[list[int], bool] | None:
+        """insert_alone for SyncQueue: the dialect's lone statement on a sync ``engine`` in
+        autocommit (InsertPath.alone_sync); None where it has none (nothing written)."""
+        alone = self.path.alone_sync
+        if alone is None:
+            return None
+        n = len(specs)
+        for s in specs:
+            s.state = S.SCHEDULED if s.run_after is not None else S.READY
+        any_ready = any(s.state == S.READY for s in specs)
+        ids = alone(engine, _columns(specs, [None] * n, [False] * n, [None] * n), any_ready)
         for s, new_id in zip(specs, ids, strict=True):
             s.ref._id = new_id
         return ids, any_ready

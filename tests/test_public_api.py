@@ -12,6 +12,8 @@ import aiojobqueue
 PUBLIC = {
     # the queue, its handlers, and what a handler is given
     "JobQueue", "Handler", "JobContext", "Batch", "JobRef",
+    # the same for synchronous code
+    "SyncQueue", "SyncBatch",
     # what it returns
     "Job", "JobState", "JobEvent", "Explanation", "Reason",
     # limits

@@ -88,6 +88,8 @@ class DialectOps(ABC):
     name: ClassVar[str]
     #: the SQLAlchemy scheme of the async driver a URL naming none gets (see async_url)
     async_scheme: ClassVar[str]
+    #: the scheme of the sync driver SyncQueue connects with (see sync_url)
+    sync_scheme: ClassVar[str]
 
     #: where the push listener connects (JobQueue(listen_url=), see parse_listen_url);
     #: None: the engine's own URL
@@ -195,6 +197,11 @@ class DialectOps(ABC):
         m = self.t.meta
         await conn.execute(self.for_update(select(m.c.value).where(m.c.name == "gate")))
 
+    async def begin_write(self, conn: AsyncConnection) -> None:  # noqa: B027 - optional hook
+        """Before an insert on a caller's connection reads anything: make the caller's
+        transaction hold what a write transaction of the queue's own would (no-op where the
+        insert's row locks already keep what it reads true until commit)."""
+
     async def insert_ignore(
         self, conn: AsyncConnection, table: Table, rows: list[dict[str, Any]]
     ) -> None:
@@ -272,6 +279,22 @@ class DialectOps(ABC):
         ``engine`` like any other."""
         return None
 
+    @classmethod
+    def sync_engine(cls, url: URL, pool_size: int, **kwargs: Any) -> Engine:
+        """A sync engine on ``url`` (a sync driver's) as aiojobqueue connects: the URL
+        adjustments and engine keywords of the async one (``kwargs`` win), ``pool_size``
+        connections and no overflow (SyncQueue's enqueue path)."""
+        from sqlalchemy import create_engine
+
+        return create_engine(cls.normalize_url(url), pool_size=pool_size, max_overflow=0,
+                             **{**cls.engine_kwargs(), **kwargs})
+
+    def sync_driver_sql(self, sql: str, params: Any, driver: str) -> tuple[str, Any]:
+        """``sql`` written for this dialect's async driver (the bulk statements), with its
+        ``params``, as the sync ``driver`` (SQLAlchemy's name: psycopg, pymysql…) takes them
+        (SyncQueue's inserts). The same wherever both drivers share a parameter style."""
+        return sql, params
+
     def json_param(self, name: str) -> Any:
         """A bind parameter for a JSON column that takes already encoded JSON text."""
         return bindparam(name, type_=Text())
@@ -305,6 +328,9 @@ class InsertPath:
 
     #: ``alone(engine, cols, wake)``: the ids, the jobs committed; or None (nothing written)
     alone: Callable[[AsyncEngine, JobColumns, bool], Awaitable[list[int] | None]] | None = None
+    #: ``alone_sync(engine, cols, wake)``: ``alone`` on a sync engine in autocommit
+    #: (SyncQueue's), the ids; None: none here
+    alone_sync: Callable[[Engine, JobColumns, bool], list[int]] | None = None
 
     def __init__(self, ops: DialectOps) -> None:
         self.ops = ops
@@ -416,6 +442,20 @@ def async_url(url: str) -> str:
         return text
     cls = ops_class_for(_SCHEME_ALIASES.get(scheme, scheme))
     return text if cls is None else f"{cls.async_scheme}://{rest}"
+
+
+def sync_url(url: str) -> str:
+    """The URL SyncQueue's own sync engine connects with: an async driver (or none) is
+    swapped for its dialect's sync one (``postgresql+asyncpg://`` -> ``postgresql+psycopg://``,
+    ``mysql+aiomysql://`` -> ``mysql+pymysql://``, ``sqlite+aiosqlite:///`` ->
+    ``sqlite+pysqlite:///``); a sync driver's URL is returned as given."""
+    from sqlalchemy.engine import make_url
+
+    u = make_url(async_url(url))
+    cls = ops_class_for(u.get_backend_name())
+    if cls is None or u.drivername != cls.async_scheme:
+        return u.render_as_string(hide_password=False)
+    return u.set(drivername=cls.sync_scheme).render_as_string(hide_password=False)
 
 
 def engine_for_url(url: str, **kwargs: Any) -> AsyncEngine:

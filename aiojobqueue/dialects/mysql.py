@@ -43,6 +43,7 @@ _TRANSIENT = {1213, 1205, 1020, 2006, 2013, 2003, 1927, 4031}
 class MySQLOps(DialectOps):
     name = "mysql"
     async_scheme = "mysql+aiomysql"
+    sync_scheme = "mysql+pymysql"
 
     @staticmethod
     def engine_kwargs() -> dict[str, Any]:

@@ -65,6 +65,14 @@ def _hook(engine: Engine) -> Engine:
 class SQLiteOps(DialectOps):
     name = "sqlite"
     async_scheme = "sqlite+aiosqlite"
+    sync_scheme = "sqlite+pysqlite"
+
+    @classmethod
+    def sync_engine(cls, url: Any, pool_size: int, **kwargs: Any) -> Engine:
+        # WAL, busy timeout and BEGIN IMMEDIATE as on the async engine; the connections
+        # serve whichever thread checks them out
+        return _hook(create_engine(url, pool_size=pool_size, max_overflow=0,
+                                   connect_args={"check_same_thread": False}, **kwargs))
 
     def round_kind(self, routines: bool) -> type[ParallelRound]:
         # The database runs in this process, one writer at a time: a round's finalize and
@@ -115,6 +123,13 @@ class SQLiteOps(DialectOps):
 
     async def lock_gate(self, conn: AsyncConnection) -> None:
         return None  # the write lock is the gate
+
+    async def begin_write(self, conn: AsyncConnection) -> None:
+        # A caller's connection has no BEGIN IMMEDIATE: the driver begins (deferred) at the
+        # first write, so the insert's reads (keys, upstream states) could go stale before
+        # its INSERT, and a dependent of a job finishing meanwhile would wait forever. A
+        # write that changes nothing takes the write lock first (a no-op if held).
+        await conn.exec_driver_sql(f'UPDATE "{self.t.meta.name}" SET value = value WHERE 0')
 
     def read_only(self, conn: AsyncConnection) -> Any:
         return conn.execution_options(ajq_begin="DEFERRED")

@@ -5,10 +5,25 @@ the one-call finalize routines (routines.py and the .sql files beside it), the b
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import CTE, BigInteger, Select, Text, any_, bindparam, cast, func, literal, select
+from sqlalchemy import (
+    CTE,
+    BigInteger,
+    Engine,
+    Select,
+    Text,
+    any_,
+    bindparam,
+    cast,
+    event,
+    func,
+    literal,
+    select,
+)
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import URL
@@ -21,7 +36,12 @@ from ..base import DialectOps, InsertPath, Listener
 from . import routines
 from .insert import PgInsert, PgInsertPath
 from .listener import PROBE_WAIT, Deafness, PgListener
-from .pooler import POOLED_CONNECT_ARGS, pooler_connect_args, refuse_caching_engine
+from .pooler import (
+    POOLED_CONNECT_ARGS,
+    no_prepare_behind_a_pooler,
+    pooler_connect_args,
+    refuse_caching_engine,
+)
 
 __all__ = ["POOLED_CONNECT_ARGS", "PROBE_WAIT", "PostgresOps"]
 
@@ -29,12 +49,15 @@ if TYPE_CHECKING:
     from ...worker.rounds import ParallelRound
 
 # deadlock, serialization failure, lock timeout, admin shutdown, cannot connect now
+#: an asyncpg parameter ($1) in the dialect's own SQL (PostgresOps.sync_driver_sql)
+_DOLLAR = re.compile(r"\$(\d+)")
 _TRANSIENT = {"40P01", "40001", "55P03", "57P01", "57P02", "57P03", "08000", "08003", "08006"}
 
 
 class PostgresOps(PgInsert, DialectOps):
     name = "postgresql"
     async_scheme = "postgresql+asyncpg"
+    sync_scheme = "postgresql+psycopg"
 
     def __init__(self, tables: Tables) -> None:
         super().__init__(tables)
@@ -43,6 +66,13 @@ class PostgresOps(PgInsert, DialectOps):
     @staticmethod
     async def connect_args(url: URL) -> dict[str, Any]:
         return await pooler_connect_args(url)
+
+    @classmethod
+    def sync_engine(cls, url: URL, pool_size: int, **kwargs: Any) -> Engine:
+        engine = super().sync_engine(url, pool_size, **kwargs)
+        if url.get_driver_name() == "psycopg":
+            event.listen(engine, "connect", no_prepare_behind_a_pooler)
+        return engine
 
     @staticmethod
     def parse_listen_url(url: URL) -> URL:
@@ -151,6 +181,30 @@ class PostgresOps(PgInsert, DialectOps):
             name = type(cause).__name__ if cause is not None else ""
             return "Connection" in name or "CannotConnect" in name
         return False
+
+    def sync_driver_sql(self, sql: str, params: Any, driver: str) -> tuple[str, Any]:
+        # asyncpg numbers its parameters ($1, one may appear twice); psycopg and psycopg2
+        # take them in order (a literal % doubled), psycopg (3) as %b: binary, like asyncpg
+        # (in text, each string of an array is escaped by a regex: a third of a batch's time)
+        key = (sql, driver)
+        done = self._sync_sql.get(key)
+        if done is None:
+            order: list[int] = []
+            mark = "%b" if driver == "psycopg" else "%s"
+
+            def positional(m: re.Match[str]) -> str:
+                order.append(int(m.group(1)) - 1)
+                return mark
+
+            text = _DOLLAR.sub(positional, sql.replace("%", "%%"))
+            done = self._sync_sql[key] = (text, tuple(order))
+        values = params or ()
+        return done[0], tuple(values[i] for i in done[1])
+
+    @cached_property
+    def _sync_sql(self) -> dict[tuple[str, str], tuple[str, tuple[int, ...]]]:
+        """sync_driver_sql's translations (the dialect's few statement shapes)."""
+        return {}
 
     def json_param(self, name: str) -> Any:
         return cast(bindparam(name, type_=Text()), JSONB)

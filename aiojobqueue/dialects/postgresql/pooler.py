@@ -51,6 +51,18 @@ async def pooler_connect_args(url: URL) -> dict[str, Any]:
     return dict(POOLED_CONNECT_ARGS) if announced != real else {}
 
 
+def no_prepare_behind_a_pooler(dbapi_conn: Any, _record: Any) -> None:
+    """On each new psycopg (3) connection of SyncQueue's sync engines: behind a pooler (the
+    same test as pooler_connect_args), prepare nothing by name (psycopg prepares a statement
+    it has run 5 times, on the server connection of the moment)."""
+    announced = dbapi_conn.info.backend_pid
+    real = dbapi_conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+    if not dbapi_conn.autocommit:
+        dbapi_conn.rollback()  # (the probe began a transaction)
+    if announced != real:
+        dbapi_conn.prepare_threshold = None
+
+
 async def refuse_caching_engine(conn: AsyncConnection) -> None:
     """Behind a pooler, an engine that keeps prepared statements (one the caller built
     without POOLED_CONNECT_ARGS) fails at random later: raise ConfigurationError now."""
