@@ -74,7 +74,12 @@ async def run_bulk_insert(
 
 
 class Listener(ABC):
-    """A push channel that wakes idle workers (PostgreSQL LISTEN/NOTIFY)."""
+    """A push channel that wakes idle workers (PostgreSQL LISTEN/NOTIFY, SQLite's watch of
+    ``data_version``, the MySQL/MariaDB bell)."""
+
+    #: Whether it fires on every commit (SQLite) or only where jobs became runnable; the
+    #: dashboard's live view still polls for the rest where it does not.
+    every_commit: ClassVar[bool] = False
 
     @abstractmethod
     async def run(self, on_wake: WakeCallback) -> None:

@@ -2,9 +2,10 @@
 
 The watcher reads the change marker (``Data.marker``: a few index probes) at most once per
 ``interval`` however many browsers are connected, and only while at least one is. Where the
-dialect has a push listener (PostgreSQL LISTEN/NOTIFY; SQLite's watch of ``data_version``,
-which moves on any commit to the file) a wake-up makes it look at once, and it polls every
-``push_backstop`` seconds for changes that send none; elsewhere it polls every ``interval``.
+dialect has a push listener (PostgreSQL LISTEN/NOTIFY, the MySQL/MariaDB bell: where jobs
+became runnable; SQLite's watch of ``data_version``: any commit to the file) a wake-up
+makes it look at once. It also polls every ``interval``, or only every ``push_backstop``
+seconds where the listener hears every commit (SQLite).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from ..dialects.base import dialect_for
+from ..dialects.base import Listener, dialect_for
 
 if TYPE_CHECKING:
     from .data import Data
@@ -81,9 +82,12 @@ class Hub:
             box.put_nowait(self.version)
 
     async def _watch(self) -> None:
-        listen = self._listen()
-        push = asyncio.create_task(listen) if listen is not None else None
-        wait = self.push_backstop if push is not None else self.interval
+        listener = self._listener()
+        push = (asyncio.create_task(listener.run(lambda _payload: self._poke.set()))
+                if listener is not None else None)
+        # a listener that hears every commit leaves only a slow backstop to poll for
+        wait = self.push_backstop if listener is not None and listener.every_commit \
+            else self.interval
         last: Any = None
         loop = asyncio.get_running_loop()
         try:
@@ -109,10 +113,7 @@ class Hub:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await push
 
-    def _listen(self) -> Any:
-        """The dialect's push listener as a coroutine, or None where only polling exists."""
+    def _listener(self) -> Listener | None:
+        """The dialect's push listener, or None where only polling exists."""
         engine = self.data.q.engine
-        listener = dialect_for(engine, self.data.t).listener(engine)
-        if listener is None:
-            return None
-        return listener.run(lambda _payload: self._poke.set())
+        return dialect_for(engine, self.data.t).listener(engine)

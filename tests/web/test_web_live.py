@@ -63,6 +63,27 @@ async def test_finishing_claiming_and_retrying_are_changes(
         assert seen[0] != seen[1] and seen[1] != seen[2], seen
 
 
+async def test_a_finish_shows_within_the_interval_where_no_listener_hears_it(
+        make_queue: Callable[..., JobQueue]) -> None:
+    """A job finishing (nothing released) sends no wake-up on PostgreSQL or MySQL/MariaDB:
+    the page still sees it within the polling interval, not the push backstop."""
+    q = make_queue()
+
+    @q.handler("ok")
+    async def ok(ctx: Any) -> None:
+        return None
+
+    async with q:
+        await q.enqueue("ok", {})
+        hub = Hub(Data(q), interval=0.5, push_backstop=60.0)
+        async with hub.subscribe() as box:
+            await q.run_until_idle()
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            await asyncio.wait_for(box.get(), 10)
+            assert loop.time() - t0 < 5.0
+
+
 class contextlib_all:
     """``n`` subscriptions of one hub, entered and left together."""
 
