@@ -1,0 +1,181 @@
+"""Fair share and caps at scale (issue 18): one table of drain rates and same-run ratios.
+
+    PYTHONPATH=$PWD /work/venv/bin/python bench/fairshare.py [--dbs postgresql,sqlite,mariadb]
+        [--n 3000] [--groups 1,10,100,1000] [--stale 10000] [--caps 10,50] [--reps 1]
+        [--only groups,stale,cap]
+
+Each row is one worker process running ``run_until_idle()`` over jobs enqueued beforehand
+(no-op handlers, ``capacity=10`` unless said), on a fresh table prefix, timed by wall clock
+around the drain; every drain is checked (all jobs done). Rows of one database are measured
+alternately within each rep, so their ratios compare the same minutes:
+
+* ``groups``: N jobs spread round-robin over G groups, against G = 1 (target >= 0.8);
+* ``stale``: N jobs in 10 groups after ``--stale`` other groups once had jobs (one job
+  each, finished), against the same drain on a fresh database (target >= 0.9);
+* ``cap``: N jobs in one group with ``capacity=C`` and a global ``concurrency=C``, against
+  ``capacity=C`` alone (target >= 0.7).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+URLS = {
+    "postgresql": "postgresql+asyncpg://postgres@127.0.0.1:5432/test",
+    "mariadb": "mysql+aiomysql://root@127.0.0.1:3306/test",
+}
+
+
+def url_for(db: str, tmp: str) -> str:
+    if db == "sqlite":
+        return f"sqlite+aiosqlite:///{tmp}/{uuid.uuid4().hex[:8]}.db"
+    return URLS[db]
+
+
+async def drop(url: str, prefix: str) -> None:
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from aiojobqueue.schema import build_tables
+
+    if url.startswith("sqlite"):
+        os.unlink(url.split(":///", 1)[1])
+        return
+    engine = create_async_engine(url)
+    try:
+        async with engine.begin() as conn:
+            await conn.run_sync(build_tables(prefix).metadata.drop_all)
+    finally:
+        await engine.dispose()
+
+
+async def enqueue(q: Any, n: int, groups: int, tag: str = "g") -> None:
+    for start in range(0, n, 5000):
+        b = q.batch()
+        for i in range(start, min(n, start + 5000)):
+            b.add("noop", {}, group=f"{tag}{i % groups:06d}")
+        await b.commit()
+
+
+async def stale_groups(q: Any, count: int) -> None:
+    """``count`` groups that once had a job each, now finished."""
+    from sqlalchemy import update
+
+    from aiojobqueue import schema as S
+
+    await enqueue(q, count, count, tag="old")
+    J = q._started().db.t.jobs
+
+    async def finish(conn: Any) -> None:
+        await conn.execute(update(J).where(J.c.group_key.like("old%")).values(
+            state=S.DONE, live_key=None, finished_at=J.c.created_at))
+
+    await q._write(finish)
+
+
+async def drain(db: str, tmp: str, n: int, groups: int, capacity: int = 10,
+                concurrency: int | None = None, stale: int = 0) -> float:
+    """One fresh database: set up, drain, verify; jobs/s of the drain."""
+    from sqlalchemy import func, select
+
+    from aiojobqueue import JobQueue
+    from aiojobqueue import schema as S
+
+    url, prefix = url_for(db, tmp), f"bf{uuid.uuid4().hex[:8]}_"
+    q = JobQueue(url, prefix=prefix, capacity=capacity, concurrency=concurrency)
+
+    @q.handler("noop")
+    async def noop(ctx: Any) -> None:
+        return None
+
+    try:
+        async with q:
+            if stale:
+                await stale_groups(q, stale)
+            await enqueue(q, n, groups)
+            t0 = time.perf_counter()
+            await q.run_until_idle()
+            dt = time.perf_counter() - t0
+            J = q._started().db.t.jobs
+
+            async def count(conn: Any) -> int:
+                return int((await conn.execute(select(func.count()).select_from(J).where(
+                    J.c.state == S.DONE, J.c.group_key.like("g%")))).scalar_one())
+
+            done = await q._read(count)
+            if done != n:
+                raise SystemExit(f"{db}: drain incomplete: {done}/{n} done")
+    finally:
+        await drop(url, prefix)
+    return n / dt
+
+
+async def amain(args: argparse.Namespace) -> None:
+    only = set(args.only.split(","))
+    groups = [int(g) for g in args.groups.split(",")]
+    caps = [int(c) for c in args.caps.split(",")]
+    print(f"# N={args.n} per drain, reps={args.reps}, load avg {os.getloadavg()[0]:.1f}")
+    print("| db | workload | jobs/s | vs | ratio |")
+    print("|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for db in args.dbs.split(","):
+            rows: dict[str, list[float]] = {}
+
+            def note(k: str, v: float) -> None:
+                rows.setdefault(k, []).append(v)
+
+            for _ in range(args.reps):
+                if "groups" in only:
+                    for g in groups:
+                        note(f"groups={g}", await drain(db, tmp, args.n, g))
+                if "stale" in only:
+                    note("fresh 10 groups", await drain(db, tmp, args.n, 10))
+                    note(f"10 groups after {args.stale} stale",
+                         await drain(db, tmp, args.n, 10, stale=args.stale))
+                if "cap" in only:
+                    for c in caps:
+                        note(f"capacity={c}", await drain(db, tmp, args.n, 1, capacity=c))
+                        note(f"capacity={c} concurrency={c}",
+                             await drain(db, tmp, args.n, 1, capacity=c, concurrency=c))
+            med = {k: statistics.median(v) for k, v in rows.items()}
+
+            def line(k: str, base: str | None) -> None:
+                if k not in med:
+                    return
+                r = f"{med[k] / med[base]:.2f}" if base and base in med else ""
+                print(f"| {db} | {k} | {med[k]:,.0f} | {base or ''} | {r} |", flush=True)
+
+            for g in groups:
+                line(f"groups={g}", f"groups={groups[0]}")
+            line("fresh 10 groups", None)
+            line(f"10 groups after {args.stale} stale", "fresh 10 groups")
+            for c in caps:
+                line(f"capacity={c}", None)
+                line(f"capacity={c} concurrency={c}", f"capacity={c}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--dbs", default="postgresql,sqlite,mariadb")
+    p.add_argument("--n", type=int, default=3000)
+    p.add_argument("--groups", default="1,10,100,1000")
+    p.add_argument("--stale", type=int, default=10000)
+    p.add_argument("--caps", default="10,50")
+    p.add_argument("--reps", type=int, default=1)
+    p.add_argument("--only", default="groups,stale,cap")
+    asyncio.run(amain(p.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
