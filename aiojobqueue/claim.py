@@ -13,12 +13,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Select, bindparam, func, literal_column, select, update
+from sqlalchemy import Select, String, bindparam, func, literal_column, select, union_all, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as S
 from .database import Database
-from .policy import GroupDemand, fair_share
+from .policy import GroupDemand, fair_share, rotation_key
 from .settings import Settings
 from .sql import lit
 from .timeutil import db_now, utcnow_plus
@@ -80,6 +80,142 @@ def group_demand_query(t: S.Tables, types: list[str]) -> Select[Any]:
         .scalar_subquery()
     )
     return select(G.c.group_key, weight, running).where(has_ready.is_not(None))
+
+
+def _demand_probes(t: S.Tables, types: list[str], key: Any) -> tuple[Any, Any, Any]:
+    """The census's three index probes for the group ``key``: its best ready job of
+    ``types`` (NULL: none), its largest weight above 1 (NULL: 1), what it runs."""
+    J = t.jobs
+    has_ready = (
+        select(J.c.id)
+        .where(J.c.state == lit(S.READY), J.c.group_key == key, J.c.type.in_(types))
+        .order_by(J.c.priority.desc(), J.c.id)
+        .limit(1)
+        .scalar_subquery()
+    )
+    weight = (
+        select(J.c.weight)
+        .where(J.c.state == lit(S.READY), J.c.group_key == key,
+               J.c.weight > literal_column("1"))
+        .order_by(J.c.weight.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+    running = (
+        select(func.count()).select_from(J)
+        .where(J.c.state == lit(S.RUNNING), J.c.group_key == key)
+        .scalar_subquery()
+    )
+    return has_ready, weight, running
+
+
+def census_query(t: S.Tables, types: list[str], from_start: bool,
+                 with_running: bool) -> Select[Any]:
+    """Rows (group, n, weight, running, has_ready) for the next ``:lim`` groups with ready
+    jobs in name order, after ``:after`` unless ``from_start`` (n: 1, 2, ...), plus, with
+    ``with_running``, every group that runs a job (n = 0).
+
+    The groups with ready jobs are found by a loose index scan of ix_ready (a recursive CTE,
+    one "next group_key after this one" probe per group), so the cost follows the groups
+    read, never the groups that once had jobs nor the depth of a backlog; the running ones
+    come from ix_running (at most what the fleet runs)."""
+    J = t.jobs
+    inner = J.alias("nx")
+    first = select(J.c.group_key).where(J.c.state == lit(S.READY))
+    if not from_start:
+        first = first.where(J.c.group_key > bindparam("after", type_=String()))
+    anchor = select(first.order_by(J.c.group_key).limit(1).scalar_subquery().label("g"),
+                    literal_column("1").label("n"))
+    scan = anchor.cte("scan", recursive=True)
+    step = select(
+        select(inner.c.group_key)
+        .where(inner.c.state == lit(S.READY), inner.c.group_key > scan.c.g)
+        .order_by(inner.c.group_key)
+        .limit(1)
+        .scalar_subquery(),
+        scan.c.n + literal_column("1"),
+    ).where(scan.c.g.is_not(None), scan.c.n < bindparam("lim"))
+    scan = scan.union_all(step)
+    keys: Any = select(scan.c.g.label("g"), scan.c.n.label("n")).where(scan.c.g.is_not(None))
+    if with_running:
+        keys = union_all(keys, select(J.c.group_key, literal_column("0")).where(
+            J.c.state == lit(S.RUNNING)).distinct())
+    src = keys.subquery("k")
+    has_ready, weight, running = _demand_probes(t, types, src.c.g)
+    return select(src.c.g, src.c.n, weight, running, has_ready)
+
+
+class Census:
+    """The groups with runnable work, read in fair_share's rotation order (the names after
+    ``cursor``, then from the start) only as far as a claim needs them.
+
+    Every group that runs a job is read (its ratio is above 0); of those that run nothing
+    (ratio 0: they take every slot before any other group does, in rotation order), only
+    the first ones: once ``free`` of them are open, no group further on could get a slot
+    from fair_share over all groups, so the split of what was read is that split exactly.
+    """
+
+    def __init__(self, claimer: Claimer, types: list[str]) -> None:
+        self.c = claimer
+        self.types = types
+        self.cursor = claimer.cursor
+        self.demand: dict[str, GroupDemand] = {}
+        self.gone: set[str] = set()  # groups that ran dry during this claim
+        self.idle: set[str] = set()  # groups read that ran nothing then
+        self.last: str | None = self.cursor  # the scan's position
+        self.wrapped = self.cursor is None  # past the end, reading from the start again
+        self.done = False  # every group with ready jobs has been read
+        self.read_running = False
+
+    def open_idle(self) -> int:
+        """Groups read that run nothing and may take a slot."""
+        return sum(1 for d in self.demand.values()
+                   if d.running == 0 and (d.cap is None or d.cap > 0))
+
+    async def fill(self, conn: AsyncConnection, free: int) -> None:
+        """Read on until ``free`` open groups that run nothing are known, or all are."""
+        while not self.done and (not self.read_running or self.open_idle() < free):
+            await self._more(conn, max(2 * (free - self.open_idle()), 16))
+
+    async def _more(self, conn: AsyncConnection, lim: int) -> None:
+        db = self.c.db
+        from_start = self.last is None
+        with_running = not self.read_running
+        key = ("census", tuple(self.types), from_start, with_running)
+        stmt = db.stmts.get(key)
+        if stmt is None:
+            stmt = db.stmts[key] = census_query(db.t, self.types, from_start, with_running)
+        params: dict[str, Any] = {"lim": lim}
+        if not from_start:
+            params["after"] = self.last
+        rows = (await conn.execute(stmt, params)).all()
+        self.read_running = True
+        scanned = [r[0] for r in rows if r[1]]
+        caps = self.c.settings.group_limits
+        for g, n, w, r, has in rows:
+            if has is None or g in self.gone:
+                continue
+            if n and self.wrapped and self.cursor is not None and g > self.cursor:
+                continue  # read before the wrap
+            cap = caps.get(g)
+            if not int(r):
+                self.idle.add(g)
+            self.demand[g] = GroupDemand(int(w or 1), int(r),
+                                         None if cap is None else max(cap - int(r), 0))
+        last = max(scanned) if scanned else None
+        if last is not None:
+            self.last = last
+        if len(scanned) < lim:  # the end of the names
+            if self.wrapped:
+                self.done = True
+            else:
+                self.wrapped, self.last = True, None
+        elif self.wrapped and self.cursor is not None and last is not None and last > self.cursor:
+            self.done = True  # back where the rotation started
+
+    def ran_dry(self, g: str) -> None:
+        self.demand.pop(g, None)
+        self.gone.add(g)
 
 
 def lease_values(t: S.Tables, ttl: Any, owner: Any) -> dict[str, Any]:
@@ -215,6 +351,9 @@ class Claimer:
         self.single_group: str | None = None  # the only such group then, if just one
         #: groups known to have their row (inserts skip the look-up for them)
         self.known_groups: set[str] = set()
+        #: the last group that ran nothing and was served: fair share's rotation (ties
+        #: among equal ratios) goes on after it (see policy.fair_share, Census)
+        self.cursor: str | None = None
 
     async def ensure_groups(self, conn: AsyncConnection, groups: list[str]) -> None:
         """Give every group in ``groups`` its row (inside the caller's insert)."""
@@ -252,17 +391,6 @@ class Claimer:
         poll = self.settings.poll_interval
         window = poll if quick else min(GROUPS_EVERY, poll)
         return self.single_group if now - self.groups_at < window else None
-
-    async def _demand(self, conn: AsyncConnection, types: list[str]) -> dict[str, GroupDemand]:
-        """Groups with runnable jobs of ``types``: their weight, what they run, their room."""
-        rows = (await conn.execute(group_demand_query(self.db.t, types))).all()
-        caps = self.settings.group_limits
-        demand: dict[str, GroupDemand] = {}
-        for g, w, r in rows:
-            cap = caps.get(g)
-            demand[g] = GroupDemand(int(w or 1), int(r),
-                                    None if cap is None else max(cap - int(r), 0))
-        return demand
 
     def lease_ask(self, want: int, types: list[str], quick: bool) -> LeaseAsk | None:
         """A LeaseAsk where claim() would do nothing but pick from its known group: no
@@ -319,12 +447,15 @@ class Claimer:
         known = self._known_group(now, quick)
         cached = known is not None
         for _census in range(2):
+            census: Census | None = None
             if known is not None and cached:
                 demand = {known: GroupDemand(1)}
             else:
-                demand = await self._demand(conn, types)
+                census = Census(self, types)
+                await census.fill(conn, free)
+                demand = census.demand
                 self.groups_at, self.census_due = now, False
-                if len(demand) == 1:
+                if len(demand) == 1 and census.done:
                     self.single_group = next(iter(demand))
                 elif demand:
                     self.single_group = None
@@ -332,12 +463,12 @@ class Claimer:
                 # cached, so the next claim (say, after this worker's finalize released its
                 # dependents) picks at once; if that group is dry then, the census runs
                 # again as above
+            idle = census.idle if census is not None else {known}
+            served: list[str] = []
             # Work-conserving: a group with fewer runnable jobs than its share hands the
-            # rest on.
-            for _ in range(len(demand) + 1):
-                if free <= 0 or not demand:
-                    break
-                plan = fair_share(free, demand)
+            # rest on (to groups read further on where needed).
+            while free > 0 and demand:
+                plan = fair_share(free, demand, rotate=True, after=self.cursor)
                 exhausted = []
                 for g, n in sorted(plan.items()):
                     if n <= 0:
@@ -345,15 +476,24 @@ class Claimer:
                     got = await path.pick(conn, g, n, types, taken)
                     free -= got
                     d = demand[g]
+                    if got and g in idle:
+                        served.append(g)
                     if got < n:
                         exhausted.append(g)
                     else:
                         demand[g] = GroupDemand(d.weight, d.running + got,
                                                 None if d.cap is None else d.cap - got)
-                for g in exhausted:
-                    demand.pop(g)
                 if not exhausted:
                     break
+                for g in exhausted:
+                    if census is None:
+                        demand.pop(g)
+                    else:
+                        census.ran_dry(g)
+                if census is not None and free > 0:
+                    await census.fill(conn, free)  # (into demand: the same dict)
+            if served:
+                self.cursor = max(served, key=rotation_key(self.cursor))
             if not cached or free <= 0:
                 break
             if taken:
