@@ -276,6 +276,15 @@ class ReturningLease:
         taken += rows
         return len(rows)
 
+    async def pick_many(self, conn: AsyncConnection, plan: dict[str, int], types: list[str],
+                        taken: list[Any]) -> dict[str, int]:
+        """Lease ``plan[g]`` of each group's best ready jobs in one statement; how many each
+        group got. Their rows join ``taken``."""
+        stmt, bind = _many_stmt(self.db, len(plan), types, self.lease, True)
+        rows = (await conn.execute(stmt, bind(list(plan), list(plan.values())))).all()
+        taken += rows
+        return _per_group(r[4] for r in rows)
+
     async def leased(self, conn: AsyncConnection, taken: list[Any]) -> list[Any]:
         """The leased rows (claim_columns()) once every group was picked."""
         return taken
@@ -301,6 +310,13 @@ class PickThenLease:
         taken += picked
         return len(picked)
 
+    async def pick_many(self, conn: AsyncConnection, plan: dict[str, int], types: list[str],
+                        taken: list[Any]) -> dict[str, int]:
+        stmt, bind = _many_stmt(self.db, len(plan), types, None, False)
+        rows = (await conn.execute(stmt, bind(list(plan), list(plan.values())))).all()
+        taken += [r[0] for r in rows]
+        return _per_group(r[1] for r in rows)
+
     async def leased(self, conn: AsyncConnection, taken: list[Any]) -> list[Any]:
         if not taken:
             return []
@@ -312,6 +328,42 @@ class PickThenLease:
 
 
 LeasePath = ReturningLease | PickThenLease
+
+
+def _per_group(keys: Any) -> dict[str, int]:
+    got: dict[str, int] = {}
+    for g in keys:
+        got[g] = got.get(g, 0) + 1
+    return got
+
+
+def _many_stmt(db: Database, k: int, types: list[str], lease: dict[str, Any] | None,
+               returning: bool) -> tuple[Any, Any]:
+    """The pick of ``k`` groups' best jobs as one statement (DialectOps.pick_groups): with
+    ``returning``, the UPDATE that leases them RETURNING claim_columns(); else the SELECT of
+    (id, group_key) that locks them. Built once per (k, types) where the dialect's form
+    depends on k, once per types where not."""
+    key = ("pickmany", tuple(types), k, returning)
+    got = db.stmts.get(key)
+    if got is not None:
+        return got  # type: ignore[no-any-return]
+    J = db.t.jobs
+
+    def pick(group: Any, n: Any) -> Select[Any]:
+        return (select(J.c.id, J.c.group_key)
+                .where(J.c.state == lit(S.READY), J.c.group_key == group, J.c.type.in_(types))
+                .order_by(J.c.priority.desc(), J.c.id)
+                .limit(n))
+
+    sel, bind = db.ops.pick_groups(pick, k)
+    stmt: Any = sel
+    if returning:
+        assert lease is not None
+        ids = select(sel.subquery().c.id)
+        stmt = update(J).where(db.ops.in_select(J.c.id, ids)).values(**lease).returning(
+            *claim_columns(db.t))
+    db.stmts[key] = (stmt, bind)
+    return stmt, bind
 
 
 @dataclass
@@ -470,10 +522,14 @@ class Claimer:
             while free > 0 and demand:
                 plan = fair_share(free, demand, rotate=True, after=self.cursor)
                 exhausted = []
-                for g, n in sorted(plan.items()):
-                    if n <= 0:
-                        continue
-                    got = await path.pick(conn, g, n, types, taken)
+                asks = {g: n for g, n in sorted(plan.items()) if n > 0}
+                if len(asks) == 1:
+                    (g1, n1), = asks.items()
+                    gots = {g1: await path.pick(conn, g1, n1, types, taken)}
+                else:  # many groups: one statement, not one round trip per group
+                    gots = await path.pick_many(conn, asks, types, taken)
+                for g, n in asks.items():
+                    got = gots.get(g, 0)
                     free -= got
                     d = demand[g]
                     if got and g in idle:

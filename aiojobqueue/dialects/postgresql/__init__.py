@@ -8,7 +8,21 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import CTE, BigInteger, Select, Text, any_, bindparam, cast, func, literal, select
+from sqlalchemy import (
+    CTE,
+    BigInteger,
+    Integer,
+    Select,
+    String,
+    Text,
+    any_,
+    bindparam,
+    cast,
+    func,
+    literal,
+    select,
+    true,
+)
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import URL
@@ -108,6 +122,16 @@ class PostgresOps(PgInsert, DialectOps):
         # semi-join, and the generic plan guesses the sub-select large: hash join over a
         # sequential scan of the whole jobs table.
         return col == any_(func.array(sel.scalar_subquery()))
+
+    def pick_groups(self, pick: Callable[[Any, Any], Select[Any]], k: int
+                    ) -> tuple[Any, Callable[[list[str], list[int]], dict[str, Any]]]:
+        # One statement whatever k: the groups and counts as two arrays, each group's
+        # pick a LATERAL sub-select (FOR UPDATE is not allowed in a UNION's parts)
+        want = func.unnest(bindparam("gs", type_=ARRAY(String)),
+                           bindparam("ns", type_=ARRAY(Integer))).table_valued("g", "n")
+        lat = self.skip_locked(pick(want.c.g, want.c.n)).lateral("p")
+        stmt = select(*lat.c).select_from(want.join(lat, true()))
+        return stmt, lambda groups, ns: {"gs": groups, "ns": ns}
 
     def skip_locked(self, stmt: Select[Any]) -> Select[Any]:
         return stmt.with_for_update(skip_locked=True)
