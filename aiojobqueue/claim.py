@@ -109,6 +109,10 @@ def _demand_probes(t: S.Tables, types: list[str], key: Any) -> tuple[Any, Any, A
     return has_ready, weight, running
 
 
+#: The name of the census's recursive CTE (what a statement log shows a census by).
+CENSUS_CTE = "census_scan"
+
+
 def census_query(t: S.Tables, types: list[str], from_start: bool,
                  with_running: bool) -> Select[Any]:
     """Rows (group, n, weight, running, has_ready) for the next ``:lim`` groups with ready
@@ -126,7 +130,7 @@ def census_query(t: S.Tables, types: list[str], from_start: bool,
         first = first.where(J.c.group_key > bindparam("after", type_=String()))
     anchor = select(first.order_by(J.c.group_key).limit(1).scalar_subquery().label("g"),
                     literal_column("1").label("n"))
-    scan = anchor.cte("scan", recursive=True)
+    scan = anchor.cte(CENSUS_CTE, recursive=True)
     step = select(
         select(inner.c.group_key)
         .where(inner.c.state == lit(S.READY), inner.c.group_key > scan.c.g)
@@ -523,6 +527,8 @@ class Claimer:
                 plan = fair_share(free, demand, rotate=True, after=self.cursor)
                 exhausted = []
                 asks = {g: n for g, n in sorted(plan.items()) if n > 0}
+                if not asks:  # every group capped out
+                    break
                 if len(asks) == 1:
                     (g1, n1), = asks.items()
                     gots = {g1: await path.pick(conn, g1, n1, types, taken)}

@@ -127,8 +127,9 @@ class PostgresOps(PgInsert, DialectOps):
                     ) -> tuple[Any, Callable[[list[str], list[int]], dict[str, Any]]]:
         # One statement whatever k: the groups and counts as two arrays, each group's
         # pick a LATERAL sub-select (FOR UPDATE is not allowed in a UNION's parts)
-        want = func.unnest(bindparam("gs", type_=ARRAY(String)),
-                           bindparam("ns", type_=ARRAY(Integer))).table_valued("g", "n")
+        want = func.unnest(
+            bindparam("gs", type_=ARRAY(String)), bindparam("ns", type_=ARRAY(Integer)),
+        ).table_valued("g", "n").render_derived(name="w")
         lat = self.skip_locked(pick(want.c.g, want.c.n)).lateral("p")
         stmt = select(*lat.c).select_from(want.join(lat, true()))
         return stmt, lambda groups, ns: {"gs": groups, "ns": ns}
