@@ -13,7 +13,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Select, String, bindparam, func, literal_column, select, union_all, update
+from sqlalchemy import (
+    Integer,
+    Select,
+    String,
+    bindparam,
+    func,
+    literal_column,
+    select,
+    union_all,
+    update,
+)
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as S
@@ -82,47 +92,21 @@ def group_demand_query(t: S.Tables, types: list[str]) -> Select[Any]:
     return select(G.c.group_key, weight, running).where(has_ready.is_not(None))
 
 
-def _demand_probes(t: S.Tables, types: list[str], key: Any) -> tuple[Any, Any, Any]:
-    """The census's three index probes for the group ``key``: its best ready job of
-    ``types`` (NULL: none), its largest weight above 1 (NULL: 1), what it runs."""
-    J = t.jobs
-    has_ready = (
-        select(J.c.id)
-        .where(J.c.state == lit(S.READY), J.c.group_key == key, J.c.type.in_(types))
-        .order_by(J.c.priority.desc(), J.c.id)
-        .limit(1)
-        .scalar_subquery()
-    )
-    weight = (
-        select(J.c.weight)
-        .where(J.c.state == lit(S.READY), J.c.group_key == key,
-               J.c.weight > literal_column("1"))
-        .order_by(J.c.weight.desc())
-        .limit(1)
-        .scalar_subquery()
-    )
-    running = (
-        select(func.count()).select_from(J)
-        .where(J.c.state == lit(S.RUNNING), J.c.group_key == key)
-        .scalar_subquery()
-    )
-    return has_ready, weight, running
-
-
 #: The name of the census's recursive CTE (what a statement log shows a census by).
 CENSUS_CTE = "census_scan"
 
 
-def census_query(t: S.Tables, types: list[str], from_start: bool,
-                 with_running: bool) -> Select[Any]:
-    """Rows (group, n, weight, running, has_ready) for the next ``:lim`` groups with ready
-    jobs in name order, after ``:after`` unless ``from_start`` (n: 1, 2, ...), plus, with
+def census_query(t: S.Tables, from_start: bool, with_running: bool) -> Select[Any]:
+    """Rows (group, n, weight, running) for the next ``:lim`` groups with ready jobs in name
+    order, after ``:after`` unless ``from_start`` (n: 1, 2, ...), plus, with
     ``with_running``, every group that runs a job (n = 0).
 
     The groups with ready jobs are found by a loose index scan of ix_ready (a recursive CTE,
     one "next group_key after this one" probe per group), so the cost follows the groups
     read, never the groups that once had jobs nor the depth of a backlog; the running ones
-    come from ix_running (at most what the fleet runs)."""
+    come from ix_running (at most what the fleet runs). Whether a group has ready jobs of
+    the claimer's types is left to the pick (a group whose pick comes back short hands its
+    slots on, which splits them exactly as if it had not been read: see Claimer.claim)."""
     J = t.jobs
     inner = J.alias("nx")
     first = select(J.c.group_key).where(J.c.state == lit(S.READY))
@@ -138,15 +122,30 @@ def census_query(t: S.Tables, types: list[str], from_start: bool,
         .limit(1)
         .scalar_subquery(),
         scan.c.n + literal_column("1"),
-    ).where(scan.c.g.is_not(None), scan.c.n < bindparam("lim"))
+    ).where(scan.c.g.is_not(None), scan.c.n < bindparam("lim", type_=Integer()))
     scan = scan.union_all(step)
     keys: Any = select(scan.c.g.label("g"), scan.c.n.label("n")).where(scan.c.g.is_not(None))
     if with_running:
         keys = union_all(keys, select(J.c.group_key, literal_column("0")).where(
             J.c.state == lit(S.RUNNING)).distinct())
     src = keys.subquery("k")
-    has_ready, weight, running = _demand_probes(t, types, src.c.g)
-    return select(src.c.g, src.c.n, weight, running, has_ready)
+    # Only the heavier-than-default jobs are in ix_ready_weight (v4): none found means 1.
+    # The bound is a literal, as in the index's predicate, so a generic plan can use it.
+    weight = (
+        select(J.c.weight)
+        .where(J.c.state == lit(S.READY), J.c.group_key == src.c.g,
+               J.c.weight > literal_column("1"))
+        .order_by(J.c.weight.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+    # What each group runs, counted once for all (ix_running: at most what the fleet
+    # runs) rather than probed per group read
+    R = J.alias("rn")
+    run = (select(R.c.group_key, func.count().label("c")).where(R.c.state == lit(S.RUNNING))
+           .group_by(R.c.group_key).subquery("r"))
+    return (select(src.c.g, src.c.n, weight, func.coalesce(run.c.c, 0))
+            .select_from(src.outerjoin(run, run.c.group_key == src.c.g)))
 
 
 class Census:
@@ -179,16 +178,16 @@ class Census:
     async def fill(self, conn: AsyncConnection, free: int) -> None:
         """Read on until ``free`` open groups that run nothing are known, or all are."""
         while not self.done and (not self.read_running or self.open_idle() < free):
-            await self._more(conn, max(2 * (free - self.open_idle()), 16))
+            await self._more(conn, free - self.open_idle() + 4)
 
     async def _more(self, conn: AsyncConnection, lim: int) -> None:
         db = self.c.db
         from_start = self.last is None
         with_running = not self.read_running
-        key = ("census", tuple(self.types), from_start, with_running)
+        key = ("census", from_start, with_running)
         stmt = db.stmts.get(key)
         if stmt is None:
-            stmt = db.stmts[key] = census_query(db.t, self.types, from_start, with_running)
+            stmt = db.stmts[key] = census_query(db.t, from_start, with_running)
         params: dict[str, Any] = {"lim": lim}
         if not from_start:
             params["after"] = self.last
@@ -196,8 +195,8 @@ class Census:
         self.read_running = True
         scanned = [r[0] for r in rows if r[1]]
         caps = self.c.settings.group_limits
-        for g, n, w, r, has in rows:
-            if has is None or g in self.gone:
+        for g, n, w, r in rows:
+            if g in self.gone:
                 continue
             if n and self.wrapped and self.cursor is not None and g > self.cursor:
                 continue  # read before the wrap
