@@ -92,6 +92,8 @@ def group_demand_query(t: S.Tables, types: list[str]) -> Select[Any]:
     return select(G.c.group_key, weight, running).where(has_ready.is_not(None))
 
 
+#: Up to this many groups with ready jobs, a census reads them all in one statement.
+WHOLE = 64
 #: The name of the census's recursive CTE (what a statement log shows a census by).
 CENSUS_CTE = "census_scan"
 
@@ -156,6 +158,10 @@ class Census:
     (ratio 0: they take every slot before any other group does, in rotation order), only
     the first ones: once ``free`` of them are open, no group further on could get a slot
     from fair_share over all groups, so the split of what was read is that split exactly.
+
+    Where the last census read every group and they were few (WHOLE), all are read again
+    from the start in one statement (the rotation is then fair_share's alone): reading
+    after the cursor and then wrapping round would take two.
     """
 
     def __init__(self, claimer: Claimer, types: list[str]) -> None:
@@ -165,10 +171,16 @@ class Census:
         self.demand: dict[str, GroupDemand] = {}
         self.gone: set[str] = set()  # groups that ran dry during this claim
         self.idle: set[str] = set()  # groups read that ran nothing then
-        self.last: str | None = self.cursor  # the scan's position
-        self.wrapped = self.cursor is None  # past the end, reading from the start again
+        few = claimer.few_groups
+        #: read every group from the start (see the class docstring)
+        self.whole = few is not None and few <= WHOLE
+        self.expect = (few or 0) + 8
+        self.last: str | None = None if self.whole else self.cursor  # the scan's position
+        #: past the end, reading from the start again
+        self.wrapped = self.whole or self.cursor is None
         self.done = False  # every group with ready jobs has been read
         self.read_running = False
+        self.scanned = 0  # groups the scan has read
 
     def open_idle(self) -> int:
         """Groups read that run nothing and may take a slot."""
@@ -177,8 +189,14 @@ class Census:
 
     async def fill(self, conn: AsyncConnection, free: int) -> None:
         """Read on until ``free`` open groups that run nothing are known, or all are."""
-        while not self.done and (not self.read_running or self.open_idle() < free):
-            await self._more(conn, free - self.open_idle() + 4)
+        while not self.done and (self.whole or not self.read_running
+                                 or self.open_idle() < free):
+            lim = free - self.open_idle() + 4
+            await self._more(conn, max(lim, self.expect) if self.whole else lim)
+        if self.done:
+            self.c.few_groups = self.scanned
+        elif not self.whole:
+            self.c.few_groups = None
 
     async def _more(self, conn: AsyncConnection, lim: int) -> None:
         db = self.c.db
@@ -198,13 +216,15 @@ class Census:
         for g, n, w, r in rows:
             if g in self.gone:
                 continue
-            if n and self.wrapped and self.cursor is not None and g > self.cursor:
+            if (n and self.wrapped and not self.whole and self.cursor is not None
+                    and g > self.cursor):
                 continue  # read before the wrap
             cap = caps.get(g)
             if not int(r):
                 self.idle.add(g)
             self.demand[g] = GroupDemand(int(w or 1), int(r),
                                          None if cap is None else max(cap - int(r), 0))
+        self.scanned += len(scanned)
         last = max(scanned) if scanned else None
         if last is not None:
             self.last = last
@@ -213,7 +233,8 @@ class Census:
                 self.done = True
             else:
                 self.wrapped, self.last = True, None
-        elif self.wrapped and self.cursor is not None and last is not None and last > self.cursor:
+        elif (self.wrapped and not self.whole and self.cursor is not None
+              and last is not None and last > self.cursor):
             self.done = True  # back where the rotation started
 
     def ran_dry(self, g: str) -> None:
@@ -409,6 +430,8 @@ class Claimer:
         #: the last group that ran nothing and was served: fair share's rotation (ties
         #: among equal ratios) goes on after it (see policy.fair_share, Census)
         self.cursor: str | None = None
+        #: how many groups had ready jobs at the last census that read them all, or None
+        self.few_groups: int | None = None
 
     async def ensure_groups(self, conn: AsyncConnection, groups: list[str]) -> None:
         """Give every group in ``groups`` its row (inside the caller's insert)."""
