@@ -13,7 +13,12 @@ alternately within each rep, so their ratios compare the same minutes:
 * ``stale``: N jobs in 10 groups after ``--stale`` other groups once had jobs (one job
   each, finished), against the same drain on a fresh database (target >= 0.9);
 * ``cap``: N jobs in one group with ``capacity=C`` and a global ``concurrency=C``, against
-  ``capacity=C`` alone (target >= 0.7).
+  ``capacity=C`` alone (target >= 0.7);
+* ``turnover``: ``--turn-jobs`` jobs of 50 ms under ``concurrency=8`` served by 3 worker
+  processes (tests/sched_worker.py: capacity 10, poll 0.05 s), from their interval logs:
+  how busy the 8 slots were between the first start and the last end (target >= 95 %,
+  MariaDB 90 %), the time from a job's end to the next start it made room for (median,
+  p99), and the most jobs seen running at once (never above 8).
 """
 
 from __future__ import annotations
@@ -121,6 +126,60 @@ async def drain(db: str, tmp: str, n: int, groups: int, capacity: int = 10,
     return n / dt
 
 
+def turnover(db: str, tmp: str, jobs: int, conc: int = 8, ms: int = 50
+             ) -> tuple[float, float, float, int]:
+    """(busy share of the ``conc`` slots, end-to-next-start median and p99 in ms, max
+    overlap) of ``jobs`` jobs of ``ms`` ms drained by 3 worker processes."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import schedtools as T
+
+    from aiojobqueue import JobQueue
+
+    url, prefix = url_for(db, tmp), f"bt{uuid.uuid4().hex[:8]}_"
+    log = Path(tmp) / f"{prefix}.log"
+
+    async def setup(enq: bool) -> None:
+        q = JobQueue(url, prefix=prefix)
+        async with q:
+            if enq:
+                b = q.batch()
+                for _ in range(jobs):
+                    b.add("work", {"ms": ms})
+                await b.commit()
+
+    asyncio.run(setup(False))  # the tables, before the workers race to make them
+    procs = [T.spawn(url, prefix, log, "--concurrency", str(conc)) for _ in range(3)]
+    try:
+        T.wait_ready(procs)
+        asyncio.run(setup(True))
+        deadline = time.monotonic() + 120
+        while len(T.read_log(log)) < jobs and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        T.stop(procs)
+        asyncio.run(drop(url, prefix))
+    rows = T.read_log(log)
+    if len(rows) < jobs:
+        raise SystemExit(f"{db}: turnover drain incomplete: {len(rows)}/{jobs}")
+    t0, t1 = min(r["start"] for r in rows), max(r["end"] for r in rows)
+    busy = sum(r["end"] - r["start"] for r in rows) / (conc * (t1 - t0))
+    # each end frees a slot: the first start after it not yet matched to an earlier end
+    starts = sorted(r["start"] for r in rows)[conc:]  # the first conc took empty slots
+    ends = sorted(r["end"] for r in rows)
+    gaps, i = [], 0
+    for e in ends:
+        while i < len(starts) and starts[i] < e:
+            i += 1  # a start before this end used another slot
+        if i == len(starts):
+            break
+        gaps.append(starts[i] - e)
+        i += 1
+    gaps.sort()
+    med = gaps[len(gaps) // 2] * 1e3 if gaps else 0.0
+    p99 = gaps[min(len(gaps) - 1, int(len(gaps) * 0.99))] * 1e3 if gaps else 0.0
+    return busy, med, p99, T.max_overlap(rows)
+
+
 async def amain(args: argparse.Namespace) -> None:
     only = set(args.only.split(","))
     groups = [int(g) for g in args.groups.split(",")]
@@ -163,6 +222,12 @@ async def amain(args: argparse.Namespace) -> None:
             for c in caps:
                 line(f"capacity={c}", None)
                 line(f"capacity={c} concurrency={c}", f"capacity={c}")
+            if "turnover" in only:
+                busy, med, p99, peak = await asyncio.to_thread(
+                    turnover, db, tmp, args.turn_jobs)
+                print(f"| {db} | turnover: {args.turn_jobs} x 50 ms, concurrency=8, 3 procs | "
+                      f"busy {busy:.1%} | end-to-next-start p50 {med:.1f} ms, p99 {p99:.1f} ms"
+                      f" | max running {peak} |", flush=True)
 
 
 def main() -> None:
@@ -173,7 +238,8 @@ def main() -> None:
     p.add_argument("--stale", type=int, default=10000)
     p.add_argument("--caps", default="10,50")
     p.add_argument("--reps", type=int, default=1)
-    p.add_argument("--only", default="groups,stale,cap")
+    p.add_argument("--turn-jobs", type=int, default=480)
+    p.add_argument("--only", default="groups,stale,cap,turnover")
     asyncio.run(amain(p.parse_args()))
 
 
