@@ -18,7 +18,11 @@ alternately within each rep, so their ratios compare the same minutes:
   processes (tests/sched_worker.py: capacity 10, poll 0.05 s), from their interval logs:
   how busy the 8 slots were between the first start and the last end (target >= 95 %,
   MariaDB 90 %), the time from a job's end to the next start it made room for (median,
-  p99), and the most jobs seen running at once (never above 8).
+  p99), and the most jobs seen running at once (never above 8);
+* ``peer`` (PostgreSQL): PgQueuer 1.6 draining the same N jobs in a database of its own
+  (/work/shared/bench-peers/peer_pgqueuer.py, read-only), with its defaults (batch 10, no
+  cap) and with ``max_concurrent_tasks=10``; each ``groups`` row is also given against
+  the faster of the two (PgQueuer has no tenants).
 """
 
 from __future__ import annotations
@@ -180,6 +184,37 @@ def turnover(db: str, tmp: str, jobs: int, conc: int = 8, ms: int = 50
     return busy, med, p99, T.max_overlap(rows)
 
 
+PEERS = "/work/shared/bench-peers"
+
+
+async def drain_pgqueuer(n: int, capped: bool) -> float:
+    """PgQueuer's drain of ``n`` no-op jobs in a fresh database: jobs/s from the first
+    handler start to the last end."""
+    import asyncpg
+
+    sys.path.insert(0, PEERS)
+    import peer_pgqueuer as P
+    from common import Recorder
+
+    name = f"fairpgq_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect("postgresql://postgres@127.0.0.1:5432/test")
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        dsn = f"postgresql://postgres@127.0.0.1:5432/{name}"
+        await P.install(dsn)
+        await P.enqueue_batch(dsn, n, 1000)
+        rec = Recorder()
+        params = P.run_params(10) if capped else {"batch_size": 10, "max_concurrent_tasks": None}
+        await P.work(dsn, 10, True, rec, asyncio.Event(), params=params)
+        v = await P.verify(dsn, n)
+        if v["completed"] != n or rec.dups:
+            raise SystemExit(f"pgqueuer drain incomplete: {v}")
+        return n / (rec.last_end - rec.first_start)
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
 async def amain(args: argparse.Namespace) -> None:
     only = set(args.only.split(","))
     groups = [int(g) for g in args.groups.split(",")]
@@ -195,6 +230,9 @@ async def amain(args: argparse.Namespace) -> None:
                 rows.setdefault(k, []).append(v)
 
             for _ in range(args.reps):
+                if "peer" in only and db == "postgresql":
+                    note("pgqueuer defaults", await drain_pgqueuer(args.n, False))
+                    note("pgqueuer max_concurrent_tasks=10", await drain_pgqueuer(args.n, True))
                 if "groups" in only:
                     for g in groups:
                         note(f"groups={g}", await drain(db, tmp, args.n, g))
@@ -217,6 +255,13 @@ async def amain(args: argparse.Namespace) -> None:
 
             for g in groups:
                 line(f"groups={g}", f"groups={groups[0]}")
+            peer = max(("pgqueuer defaults", "pgqueuer max_concurrent_tasks=10"),
+                       key=lambda k: med.get(k, 0.0))
+            if peer in med:
+                line("pgqueuer defaults", None)
+                line("pgqueuer max_concurrent_tasks=10", None)
+                for g in groups:
+                    line(f"groups={g}", peer)
             line("fresh 10 groups", None)
             line(f"10 groups after {args.stale} stale", "fresh 10 groups")
             for c in caps:
@@ -239,7 +284,7 @@ def main() -> None:
     p.add_argument("--caps", default="10,50")
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--turn-jobs", type=int, default=480)
-    p.add_argument("--only", default="groups,stale,cap,turnover")
+    p.add_argument("--only", default="peer,groups,stale,cap,turnover")
     asyncio.run(amain(p.parse_args()))
 
 
