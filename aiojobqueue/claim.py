@@ -181,6 +181,7 @@ class Census:
         self.done = False  # every group with ready jobs has been read
         self.read_running = False
         self.scanned = 0  # groups the scan has read
+        self.seen: set[str] = set()  # ... by name
 
     def open_idle(self) -> int:
         """Groups read that run nothing and may take a slot."""
@@ -224,6 +225,7 @@ class Census:
                 self.idle.add(g)
             self.demand[g] = GroupDemand(int(w or 1), int(r),
                                          None if cap is None else max(cap - int(r), 0))
+        self.seen.update(scanned)
         self.scanned += len(scanned)
         last = max(scanned) if scanned else None
         if last is not None:
@@ -236,6 +238,10 @@ class Census:
         elif (self.wrapped and not self.whole and self.cursor is not None
               and last is not None and last > self.cursor):
             self.done = True  # back where the rotation started
+        if self.done:
+            # a group that runs jobs and was not met by a complete scan has no ready job
+            for g in [g for g in self.demand if g not in self.seen]:
+                del self.demand[g]
 
     def ran_dry(self, g: str) -> None:
         self.demand.pop(g, None)
