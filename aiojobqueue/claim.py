@@ -98,6 +98,59 @@ WHOLE = 64
 CENSUS_CTE = "census_scan"
 
 
+def scan_cte(t: S.Tables, from_start: bool, name: str) -> Any:
+    """The loose index scan of ix_ready: (g, n) for the next ``:lim`` groups with ready
+    jobs in name order after ``:after`` (from the first unless ``from_start``), n = 1, 2, ...
+    (a last row has g NULL where the names ran out)."""
+    J = t.jobs
+    inner = J.alias("nx")
+    first = select(J.c.group_key).where(J.c.state == lit(S.READY))
+    if not from_start:
+        first = first.where(J.c.group_key > bindparam("after", type_=String()))
+    anchor = select(first.order_by(J.c.group_key).limit(1).scalar_subquery().label("g"),
+                    literal_column("1").label("n"))
+    scan = anchor.cte(name, recursive=True)
+    step = select(
+        select(inner.c.group_key)
+        .where(inner.c.state == lit(S.READY), inner.c.group_key > scan.c.g)
+        .order_by(inner.c.group_key)
+        .limit(1)
+        .scalar_subquery(),
+        scan.c.n + literal_column("1"),
+    ).where(scan.c.g.is_not(None), scan.c.n < bindparam("lim", type_=Integer()))
+    return scan.union_all(step)
+
+
+def idle_pick_stmt(db: Database, types: list[str], from_start: bool,
+                   lease: dict[str, Any]) -> Any:
+    """Where the dialect can (DialectOps.pick_each), one statement that leases the best
+    job of each of the first ``:free`` groups in rotation order that run nothing (scanning
+    at most ``:lim`` groups after ``:after``), RETURNING claim_columns(); else None.
+
+    While at least ``free`` groups with work run nothing, that is fair_share's whole split
+    (each of them has ratio 0 and is served once, in rotation order, before any other
+    group gets a slot), so a claim over many groups needs no census; where it comes back
+    short (the names ran out, a group had no job of ``types``) the census splits the rest."""
+    J = db.t.jobs
+    scan = scan_cte(db.t, from_start, "idle_scan")
+    R = J.alias("rn")
+    busy = select(R.c.id).where(R.c.state == lit(S.RUNNING), R.c.group_key == scan.c.g).exists()
+    keys = (select(scan.c.g).where(scan.c.g.is_not(None), ~busy).order_by(scan.c.n)
+            .limit(bindparam("free", type_=Integer())).subquery("k"))
+
+    def pick(group: Any) -> Select[Any]:
+        return (select(J.c.id)
+                .where(J.c.state == lit(S.READY), J.c.group_key == group, J.c.type.in_(types))
+                .order_by(J.c.priority.desc(), J.c.id)
+                .limit(1))
+
+    sel = db.ops.pick_each(keys, pick)
+    if sel is None:
+        return None
+    return update(J).where(db.ops.in_select(J.c.id, sel)).values(**lease).returning(
+        *claim_columns(db.t))
+
+
 def census_query(t: S.Tables, from_start: bool, with_running: bool) -> Select[Any]:
     """Rows (group, n, weight, running) for the next ``:lim`` groups with ready jobs in name
     order, after ``:after`` unless ``from_start`` (n: 1, 2, ...), plus, with
@@ -110,22 +163,7 @@ def census_query(t: S.Tables, from_start: bool, with_running: bool) -> Select[An
     the claimer's types is left to the pick (a group whose pick comes back short hands its
     slots on, which splits them exactly as if it had not been read: see Claimer.claim)."""
     J = t.jobs
-    inner = J.alias("nx")
-    first = select(J.c.group_key).where(J.c.state == lit(S.READY))
-    if not from_start:
-        first = first.where(J.c.group_key > bindparam("after", type_=String()))
-    anchor = select(first.order_by(J.c.group_key).limit(1).scalar_subquery().label("g"),
-                    literal_column("1").label("n"))
-    scan = anchor.cte(CENSUS_CTE, recursive=True)
-    step = select(
-        select(inner.c.group_key)
-        .where(inner.c.state == lit(S.READY), inner.c.group_key > scan.c.g)
-        .order_by(inner.c.group_key)
-        .limit(1)
-        .scalar_subquery(),
-        scan.c.n + literal_column("1"),
-    ).where(scan.c.g.is_not(None), scan.c.n < bindparam("lim", type_=Integer()))
-    scan = scan.union_all(step)
+    scan = scan_cte(t, from_start, CENSUS_CTE)
     keys: Any = select(scan.c.g.label("g"), scan.c.n.label("n")).where(scan.c.g.is_not(None))
     if with_running:
         keys = union_all(keys, select(J.c.group_key, literal_column("0")).where(
@@ -305,6 +343,24 @@ class ReturningLease:
         rows = (await conn.execute(stmt, {"g": g, "n": n})).all()
         taken += rows
         return len(rows)
+
+    async def pick_idle(self, conn: AsyncConnection, free: int, types: list[str],
+                        after: str | None, taken: list[Any]) -> list[str] | None:
+        """idle_pick_stmt: the groups it leased a job of (their rows join ``taken``), or
+        None where the dialect has no such statement."""
+        key = ("pickidle", tuple(types), after is None)
+        stmt = self.db.stmts.get(key, False)
+        if stmt is False:
+            stmt = self.db.stmts[key] = idle_pick_stmt(self.db, types, after is None,
+                                                       self.lease)
+        if stmt is None:
+            return None
+        params: dict[str, Any] = {"free": free, "lim": 2 * free + 8}
+        if after is not None:
+            params["after"] = after
+        rows = (await conn.execute(stmt, params)).all()
+        taken += rows
+        return [r[4] for r in rows]
 
     async def pick_many(self, conn: AsyncConnection, plan: dict[str, int], types: list[str],
                         taken: list[Any]) -> dict[str, int]:
@@ -530,7 +586,15 @@ class Claimer:
         # follows at once holds it when the known group runs dry).
         known = self._known_group(now, quick)
         cached = known is not None
-        for _census in range(2):
+        if (not cached and free > 1 and not s.group_limits and self.few_groups is None
+                and isinstance(path, ReturningLease)):
+            # Many groups (the last census did not read them all): first the groups that
+            # run nothing, one job each, without a census (see idle_pick_stmt)
+            firsts = await path.pick_idle(conn, free, types, self.cursor, taken)
+            if firsts:
+                free -= len(firsts)
+                self.cursor = max(firsts, key=rotation_key(self.cursor))
+        for _census in range(2 if free > 0 else 0):
             census: Census | None = None
             if known is not None and cached:
                 demand = {known: GroupDemand(1)}

@@ -204,6 +204,12 @@ class DialectOps(ABC):
                  for i in range(k)]
         return union_all(*parts), _numbered
 
+    def pick_each(self, keys: Any, pick: Callable[[Any], Select[Any]]) -> Select[Any] | None:
+        """The ids ``pick(keys.c.g)`` selects (SKIP LOCKED) for each row of the sub-select
+        ``keys``, as one SELECT; None where the dialect cannot join a row to a limited
+        sub-select (no LATERAL)."""
+        return None
+
     @abstractmethod
     def skip_locked(self, stmt: Select[Any]) -> Select[Any]:
         """Make a candidate SELECT lock what it returns and skip rows others hold."""

@@ -134,6 +134,10 @@ class PostgresOps(PgInsert, DialectOps):
         stmt = select(*lat.c).select_from(want.join(lat, true()))
         return stmt, lambda groups, ns: {"gs": groups, "ns": ns}
 
+    def pick_each(self, keys: Any, pick: Callable[[Any], Select[Any]]) -> Select[Any] | None:
+        lat = self.skip_locked(pick(keys.c.g)).lateral("p")
+        return select(lat.c.id).select_from(keys.join(lat, true()))
+
     def skip_locked(self, stmt: Select[Any]) -> Select[Any]:
         return stmt.with_for_update(skip_locked=True)
 
