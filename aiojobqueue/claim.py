@@ -220,6 +220,7 @@ class Census:
         self.read_running = False
         self.scanned = 0  # groups the scan has read
         self.seen: set[str] = set()  # ... by name
+        self.busy = 0  # groups that run jobs
 
     def open_idle(self) -> int:
         """Groups read that run nothing and may take a slot."""
@@ -249,6 +250,8 @@ class Census:
         if not from_start:
             params["after"] = self.last
         rows = (await conn.execute(stmt, params)).all()
+        if with_running:
+            self.busy = len({r[0] for r in rows if r[3]})
         self.read_running = True
         scanned = [r[0] for r in rows if r[1]]
         caps = self.c.settings.group_limits
@@ -494,6 +497,8 @@ class Claimer:
         self.cursor: str | None = None
         #: how many groups had ready jobs at the last census that read them all, or None
         self.few_groups: int | None = None
+        #: whether idle_pick_stmt is likely to find all it needs (see claim())
+        self.idle_fits = True
 
     async def ensure_groups(self, conn: AsyncConnection, groups: list[str]) -> None:
         """Give every group in ``groups`` its row (inside the caller's insert)."""
@@ -587,13 +592,16 @@ class Claimer:
         known = self._known_group(now, quick)
         cached = known is not None
         if (not cached and free > 1 and not s.group_limits and self.few_groups is None
-                and isinstance(path, ReturningLease)):
+                and self.idle_fits and isinstance(path, ReturningLease)):
             # Many groups (the last census did not read them all): first the groups that
             # run nothing, one job each, without a census (see idle_pick_stmt)
             firsts = await path.pick_idle(conn, free, types, self.cursor, taken)
             if firsts:
                 free -= len(firsts)
                 self.cursor = max(firsts, key=rotation_key(self.cursor))
+            # short: too many groups run something for the scan's window (or the names
+            # ran out); the census says when it fits again
+            self.idle_fits = firsts is not None and free == 0
         for _census in range(2 if free > 0 else 0):
             census: Census | None = None
             if known is not None and cached:
@@ -602,6 +610,8 @@ class Claimer:
                 census = Census(self, types)
                 await census.fill(conn, free)
                 demand = census.demand
+                # idle_pick_stmt scans 2 x free + 8 groups: at most `busy` of them run jobs
+                self.idle_fits = census.busy <= free
                 self.groups_at, self.census_due = now, False
                 if len(demand) == 1 and census.done:
                     self.single_group = next(iter(demand))
