@@ -98,7 +98,7 @@ WHOLE = 64
 CENSUS_CTE = "census_scan"
 
 
-def scan_cte(t: S.Tables, from_start: bool, name: str) -> Any:
+def scan_cte(t: S.Tables, ops: Any, from_start: bool, name: str) -> Any:
     """The loose index scan of ix_ready: (g, n) for the next ``:lim`` groups with ready
     jobs in name order after ``:after`` (from the first unless ``from_start``), n = 1, 2, ...
     (a last row has g NULL where the names ran out)."""
@@ -106,13 +106,15 @@ def scan_cte(t: S.Tables, from_start: bool, name: str) -> Any:
     inner = J.alias("nx")
     first = select(J.c.group_key).where(J.c.state == lit(S.READY))
     if not from_start:
-        first = first.where(J.c.group_key > bindparam("after", type_=String()))
+        first = first.where(ops.key_after(J.c.state, lit(S.READY), J.c.group_key,
+                                          bindparam("after", type_=String())))
     anchor = select(first.order_by(J.c.group_key).limit(1).scalar_subquery().label("g"),
                     literal_column("1").label("n"))
     scan = anchor.cte(name, recursive=True)
     step = select(
         select(inner.c.group_key)
-        .where(inner.c.state == lit(S.READY), inner.c.group_key > scan.c.g)
+        .where(inner.c.state == lit(S.READY),
+               ops.key_after(inner.c.state, lit(S.READY), inner.c.group_key, scan.c.g))
         .order_by(inner.c.group_key)
         .limit(1)
         .scalar_subquery(),
@@ -132,7 +134,7 @@ def idle_pick_stmt(db: Database, types: list[str], from_start: bool,
     group gets a slot), so a claim over many groups needs no census; where it comes back
     short (the names ran out, a group had no job of ``types``) the census splits the rest."""
     J = db.t.jobs
-    scan = scan_cte(db.t, from_start, "idle_scan")
+    scan = scan_cte(db.t, db.ops, from_start, "idle_scan")
     R = J.alias("rn")
     busy = select(R.c.id).where(R.c.state == lit(S.RUNNING), R.c.group_key == scan.c.g).exists()
     keys = (select(scan.c.g).where(scan.c.g.is_not(None), ~busy).order_by(scan.c.n)
@@ -151,7 +153,8 @@ def idle_pick_stmt(db: Database, types: list[str], from_start: bool,
         *claim_columns(db.t))
 
 
-def census_query(t: S.Tables, from_start: bool, with_running: bool) -> Select[Any]:
+def census_query(t: S.Tables, ops: Any, from_start: bool, with_running: bool
+                 ) -> Select[Any]:
     """Rows (group, n, weight, running) for the next ``:lim`` groups with ready jobs in name
     order, after ``:after`` unless ``from_start`` (n: 1, 2, ...), plus, with
     ``with_running``, every group that runs a job (n = 0).
@@ -163,7 +166,7 @@ def census_query(t: S.Tables, from_start: bool, with_running: bool) -> Select[An
     the claimer's types is left to the pick (a group whose pick comes back short hands its
     slots on, which splits them exactly as if it had not been read: see Claimer.claim)."""
     J = t.jobs
-    scan = scan_cte(t, from_start, CENSUS_CTE)
+    scan = scan_cte(t, ops, from_start, CENSUS_CTE)
     keys: Any = select(scan.c.g.label("g"), scan.c.n.label("n")).where(scan.c.g.is_not(None))
     if with_running:
         keys = union_all(keys, select(J.c.group_key, literal_column("0")).where(
@@ -173,7 +176,8 @@ def census_query(t: S.Tables, from_start: bool, with_running: bool) -> Select[An
     # The bound is a literal, as in the index's predicate, so a generic plan can use it.
     weight = (
         select(J.c.weight)
-        .where(J.c.state == lit(S.READY), J.c.group_key == src.c.g,
+        .where(J.c.state == lit(S.READY),
+               ops.key_is(J.c.state, lit(S.READY), J.c.group_key, src.c.g),
                J.c.weight > literal_column("1"))
         .order_by(J.c.weight.desc())
         .limit(1)
@@ -245,7 +249,7 @@ class Census:
         key = ("census", from_start, with_running)
         stmt = db.stmts.get(key)
         if stmt is None:
-            stmt = db.stmts[key] = census_query(db.t, from_start, with_running)
+            stmt = db.stmts[key] = census_query(db.t, db.ops, from_start, with_running)
         params: dict[str, Any] = {"lim": lim}
         if not from_start:
             params["after"] = self.last
@@ -591,6 +595,7 @@ class Claimer:
         # follows at once holds it when the known group runs dry).
         known = self._known_group(now, quick)
         cached = known is not None
+        firsts: list[str] | None = None
         if (not cached and free > 1 and not s.group_limits and self.few_groups is None
                 and self.idle_fits and isinstance(path, ReturningLease)):
             # Many groups (the last census did not read them all): first the groups that
@@ -613,9 +618,12 @@ class Claimer:
                 # idle_pick_stmt scans 2 x free + 8 groups: at most `busy` of them run jobs
                 self.idle_fits = census.busy <= free
                 self.groups_at, self.census_due = now, False
-                if len(demand) == 1 and census.done:
-                    self.single_group = next(iter(demand))
-                elif demand:
+                # the groups with work: what the census found, and what was just leased
+                # without it
+                had = set(demand) | set(firsts or ())
+                if len(had) == 1 and census.done:
+                    self.single_group = next(iter(had))
+                elif had:
                     self.single_group = None
                 # else nothing is runnable now: the group known to be the only one stays
                 # cached, so the next claim (say, after this worker's finalize released its

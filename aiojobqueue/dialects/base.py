@@ -204,6 +204,15 @@ class DialectOps(ABC):
                  for i in range(k)]
         return union_all(*parts), _numbered
 
+    def key_after(self, state_col: Any, state: Any, key_col: Any, bound: Any) -> Any:
+        """``key_col > bound`` among rows of ``state``, written so that a scan of an index
+        on (state, key, ...) starts at (state, bound) (the census's loose scan)."""
+        return key_col > bound
+
+    def key_is(self, state_col: Any, state: Any, key_col: Any, value: Any) -> Any:
+        """``key_col = value`` among rows of ``state``, written as key_after is."""
+        return key_col == value
+
     def pick_each(self, keys: Any, pick: Callable[[Any], Select[Any]]) -> Select[Any] | None:
         """The ids ``pick(keys.c.g)`` selects (SKIP LOCKED) for each row of the sub-select
         ``keys``, as one SELECT; None where the dialect cannot join a row to a limited

@@ -15,6 +15,7 @@ from sqlalchemy import (
     Select,
     String,
     Text,
+    and_,
     any_,
     bindparam,
     cast,
@@ -22,6 +23,7 @@ from sqlalchemy import (
     literal,
     select,
     true,
+    tuple_,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -133,6 +135,17 @@ class PostgresOps(PgInsert, DialectOps):
         lat = self.skip_locked(pick(want.c.g, want.c.n)).lateral("p")
         stmt = select(*lat.c).select_from(want.join(lat, true()))
         return stmt, lambda groups, ns: {"gs": groups, "ns": ns}
+
+    def key_after(self, state_col: Any, state: Any, key_col: Any, bound: Any) -> Any:
+        # As a row comparison: a plain "state = 'ready'" is implied by ix_ready's predicate,
+        # so the planner drops it from the index condition, and "group_key > x" alone on
+        # the index's second column scans it from its first entry (O(ready jobs) a step)
+        return tuple_(state_col, key_col) > tuple_(state, bound)
+
+    def key_is(self, state_col: Any, state: Any, key_col: Any, value: Any) -> Any:
+        # (see key_after) both bounds as row comparisons, the equality kept for the order
+        row, at = tuple_(state_col, key_col), tuple_(state, value)
+        return and_(key_col == value, row >= at, row <= at)
 
     def pick_each(self, keys: Any, pick: Callable[[Any], Select[Any]]) -> Select[Any] | None:
         lat = self.skip_locked(pick(keys.c.g)).lateral("p")
