@@ -103,6 +103,9 @@ def scan_cte(t: S.Tables, ops: Any, from_start: bool, name: str) -> Any:
     jobs in name order after ``:after`` (from the first unless ``from_start``), n = 1, 2, ...
     (a last row has g NULL where the names ran out)."""
     J = t.jobs
+    native = ops.group_scan(J.c.state, lit(S.READY), J.c.group_key, from_start)
+    if native is not None:
+        return native.subquery(name)
     inner = J.alias("nx")
     first = select(J.c.group_key).where(J.c.state == lit(S.READY))
     if not from_start:

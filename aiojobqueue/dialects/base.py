@@ -209,6 +209,13 @@ class DialectOps(ABC):
         on (state, key, ...) starts at (state, bound) (the census's loose scan)."""
         return key_col > bound
 
+    def group_scan(self, state_col: Any, state: Any, key_col: Any, from_start: bool
+                   ) -> Select[Any] | None:
+        """Where the database has a loose index scan of its own: a SELECT of (g, n) for
+        the next ``:lim`` distinct ``key_col`` values among rows of ``state`` after
+        ``:after`` (unless ``from_start``), n > 0; None: the census's recursive CTE."""
+        return None
+
     def key_is(self, state_col: Any, state: Any, key_col: Any, value: Any) -> Any:
         """``key_col = value`` among rows of ``state``, written as key_after is."""
         return key_col == value
