@@ -506,6 +506,8 @@ class Claimer:
         self.few_groups: int | None = None
         #: whether idle_pick_stmt is likely to find all it needs (see claim())
         self.idle_fits = True
+        #: the last claim found the global concurrency cap full
+        self.cap_full = False
 
     async def ensure_groups(self, conn: AsyncConnection, groups: list[str]) -> None:
         """Give every group in ``groups`` its row (inside the caller's insert)."""
@@ -579,13 +581,19 @@ class Claimer:
         if self._promotion_due(now, quick):
             await self.promote_due(conn)
             self.promoted_at = now
+        count_running = select(func.count()).select_from(J).where(J.c.state == lit(S.RUNNING))
+        # The last claim found the global cap full: look before queueing for the gate (a
+        # claim that can lease nothing must not hold up the one whose finalize just freed a
+        # slot). Without the lock this only ever declines.
+        if (s.concurrency is not None and self.cap_full
+                and (await conn.execute(count_running)).scalar_one() >= s.concurrency):
+            return []
         if s.needs_gate:
             await db.ops.lock_gate(conn)
         free = want
         if s.concurrency is not None:
-            running_all = (await conn.execute(
-                select(func.count()).select_from(J).where(J.c.state == lit(S.RUNNING))
-            )).scalar_one()
+            running_all = (await conn.execute(count_running)).scalar_one()
+            self.cap_full = running_all >= s.concurrency
             free = min(free, s.concurrency - running_all)
         for limit in s.db_limits:
             free = min(free, await limit.budget(conn, db.t))
