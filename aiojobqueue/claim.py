@@ -376,8 +376,10 @@ class ReturningLease:
                         taken: list[Any]) -> dict[str, int]:
         """Lease ``plan[g]`` of each group's best ready jobs in one statement; how many each
         group got. Their rows join ``taken``."""
-        stmt, bind = _many_stmt(self.db, len(plan), types, self.lease, True)
-        rows = (await conn.execute(stmt, bind(list(plan), list(plan.values())))).all()
+        rows: list[Any] = []
+        for gs, ns in _chunks(plan):
+            stmt, bind = _many_stmt(self.db, len(gs), types, self.lease, True)
+            rows += (await conn.execute(stmt, bind(gs, ns))).all()
         taken += rows
         return _per_group(r[4] for r in rows)
 
@@ -408,8 +410,10 @@ class PickThenLease:
 
     async def pick_many(self, conn: AsyncConnection, plan: dict[str, int], types: list[str],
                         taken: list[Any]) -> dict[str, int]:
-        stmt, bind = _many_stmt(self.db, len(plan), types, None, False)
-        rows = (await conn.execute(stmt, bind(list(plan), list(plan.values())))).all()
+        rows: list[Any] = []
+        for gs, ns in _chunks(plan):
+            stmt, bind = _many_stmt(self.db, len(gs), types, None, False)
+            rows += (await conn.execute(stmt, bind(gs, ns))).all()
         taken += [r[0] for r in rows]
         return _per_group(r[1] for r in rows)
 
@@ -424,6 +428,17 @@ class PickThenLease:
 
 
 LeasePath = ReturningLease | PickThenLease
+
+
+#: Groups per many-group pick statement (a UNION ALL of one part per group: SQLite allows
+#: 500 parts at most).
+PICK_CHUNK = 128
+
+
+def _chunks(plan: dict[str, int]) -> list[tuple[list[str], list[int]]]:
+    items = list(plan.items())
+    return [([g for g, _ in items[i : i + PICK_CHUNK]], [n for _, n in items[i : i + PICK_CHUNK]])
+            for i in range(0, len(items), PICK_CHUNK)]
 
 
 def _per_group(keys: Any) -> dict[str, int]:

@@ -237,3 +237,16 @@ async def test_census_reads_only_groups_with_ready_jobs(
         assert sum(d.running for d in c.demand.values()) == 2
         assert len(statements) <= 2
         assert not any(q._t.groups.name in s for s in statements)
+
+
+async def test_a_claim_over_more_groups_than_one_statement_takes(
+    make_queue: Callable[..., JobQueue],
+) -> None:
+    """650 slots over 700 groups: the picks go in several statements (SQLite takes at
+    most 500 parts in a UNION ALL), each group once."""
+    q = make_queue()
+    async with q:
+        await enqueue(q, [("t", f"g{i:03d}", 1) for i in range(700)])
+        got = await claim_now(q, 650)
+        assert len(got) == 650
+        assert len({c.group for c in got}) == 650
