@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 
@@ -18,7 +18,8 @@ class GroupDemand:
     cap: int | None = None
 
 
-def fair_share(free: int, groups: Mapping[str, GroupDemand]) -> dict[str, int]:
+def fair_share(free: int, groups: Mapping[str, GroupDemand], *, rotate: bool = False,
+               after: str | None = None) -> dict[str, int]:
     """Split ``free`` slots among ``groups`` in proportion to their weights.
 
     Counts what each group already runs: slots go one at a time to the group whose
@@ -31,12 +32,24 @@ def fair_share(free: int, groups: Mapping[str, GroupDemand]) -> dict[str, int]:
     Guarantee (tested by properties): for a group g granted a slot and any group h still
     open, ``(total_g - 1) / w_g <= total_h / w_h``: no group holds more than one slot beyond
     its weight-proportional share, relative to any other group. O(free * log(groups)).
+
+    ``rotate``: ties go by name in rotation order instead: first the names after ``after``
+    (the last group served, see claim.py), then from the start (weight plays no part at a
+    tie). The guarantee above holds for any tie order; this one also bounds the wait: a
+    group with work and nothing running has the lowest ratio there is, so every slot goes to
+    such a group, in rotation order, until it is served: at most ``len(groups) - 1`` slots
+    go to others first. The claim reads only the front of that order (claim.Census).
     """
     grant = {g: 0 for g in groups}
     if free <= 0 or not groups:
         return grant
+    def tie(g: str, d: GroupDemand) -> tuple[int, str]:
+        if rotate:
+            return (int(after is not None and g <= after), g)
+        return (-d.weight, g)
+
     heap = [
-        (d.running / max(d.weight, 1), -d.weight, g)
+        (d.running / max(d.weight, 1), tie(g, d), g)
         for g, d in groups.items()
         if d.cap is None or d.cap > 0
     ]
@@ -44,12 +57,17 @@ def fair_share(free: int, groups: Mapping[str, GroupDemand]) -> dict[str, int]:
     for _ in range(free):
         if not heap:
             break
-        _, negw, g = heapq.heappop(heap)
+        _, t, g = heapq.heappop(heap)
         grant[g] += 1
         d = groups[g]
         if d.cap is None or grant[g] < d.cap:
-            heapq.heappush(heap, ((d.running + grant[g]) / max(d.weight, 1), negw, g))
+            heapq.heappush(heap, ((d.running + grant[g]) / max(d.weight, 1), t, g))
     return grant
+
+
+def rotation_key(after: str | None) -> Callable[[str], tuple[int, str]]:
+    """The rotation order of fair_share(rotate=True, after=after), as a sort key."""
+    return lambda g: (int(after is not None and g <= after), g)
 
 
 #: Exponents past this add nothing (any sane cap is reached long before) and would overflow.

@@ -256,7 +256,7 @@ async def test_a_short_claim_of_the_only_group_hands_over_without_a_census(
     monkeypatch.setattr(claim_mod, "PROMOTE_EVERY", 60.0)
     q = make_queue(poll_interval=60.0)
     async with q:
-        G = q._t.groups.name
+        G = claim_mod.CENSUS_CTE
         seen: list[str] = []
 
         def spy(_c: Any, _cur: Any, stmt: str, *_: Any) -> None:

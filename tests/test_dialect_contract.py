@@ -42,11 +42,10 @@ async def test_a_wake_up_arrives_on_commit_and_never_on_rollback(
         try:
             await asyncio.sleep(0.5)  # listening (PostgreSQL: LISTEN issued)
             woke.clear()
-            async with q.engine.connect() as conn:
-                async with conn.begin() as tx:
-                    await ops.notify(conn, "")
-                    await conn.execute(q._t.groups.insert().values(group_key="rolled-back"))
-                    await tx.rollback()
+            async with q.engine.connect() as conn, conn.begin() as tx:
+                await ops.notify(conn, "")
+                await conn.execute(q._t.groups.insert().values(group_key="rolled-back"))
+                await tx.rollback()
             await asyncio.sleep(0.5)
             assert not woke.is_set(), "a rolled-back wake-up arrived"
             async with q.engine.begin() as conn:

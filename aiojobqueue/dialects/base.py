@@ -11,7 +11,19 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from sqlalchemy import CTE, Engine, Select, Table, Text, bindparam, insert, select
+from sqlalchemy import (
+    CTE,
+    Engine,
+    Integer,
+    Select,
+    String,
+    Table,
+    Text,
+    bindparam,
+    insert,
+    select,
+    union_all,
+)
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -189,6 +201,38 @@ class DialectOps(ABC):
         index with the sub-select's (few) values instead of scanning the table."""
         return col.in_(sel)
 
+    def pick_groups(self, pick: Callable[[Any, Any], Select[Any]], k: int
+                    ) -> tuple[Any, Callable[[list[str], list[int]], dict[str, Any]]]:
+        """One SELECT of what ``pick(group, n)`` selects (SKIP LOCKED) for each of ``k``
+        groups, so a claim over many groups is one statement; and how to bind it for
+        (groups, counts). Default: a UNION ALL of ``k`` parenthesized parts."""
+        parts = [self.skip_locked(pick(bindparam(f"g{i}", type_=String()),
+                                       bindparam(f"n{i}", type_=Integer())))
+                 for i in range(k)]
+        return union_all(*parts), _numbered
+
+    def key_after(self, state_col: Any, state: Any, key_col: Any, bound: Any) -> Any:
+        """``key_col > bound`` among rows of ``state``, written so that a scan of an index
+        on (state, key, ...) starts at (state, bound) (the census's loose scan)."""
+        return key_col > bound
+
+    def group_scan(self, state_col: Any, state: Any, key_col: Any, from_start: bool
+                   ) -> Select[Any] | None:
+        """Where the database has a loose index scan of its own: a SELECT of (g, n) for
+        the next ``:lim`` distinct ``key_col`` values among rows of ``state`` after
+        ``:after`` (unless ``from_start``), n > 0; None: the census's recursive CTE."""
+        return None
+
+    def key_is(self, state_col: Any, state: Any, key_col: Any, value: Any) -> Any:
+        """``key_col = value`` among rows of ``state``, written as key_after is."""
+        return key_col == value
+
+    def pick_each(self, keys: Any, pick: Callable[[Any], Select[Any]]) -> Select[Any] | None:
+        """The ids ``pick(keys.c.g)`` selects (SKIP LOCKED) for each row of the sub-select
+        ``keys``, as one SELECT; None where the dialect cannot join a row to a limited
+        sub-select (no LATERAL)."""
+        return None
+
     @abstractmethod
     def skip_locked(self, stmt: Select[Any]) -> Select[Any]:
         """Make a candidate SELECT lock what it returns and skip rows others hold."""
@@ -324,6 +368,13 @@ class DialectOps(ABC):
                 for j, u in zip(job_ids[i : i + EDGE_CHUNK], up_ids[i : i + EDGE_CHUNK],
                                 strict=True)
             ])
+
+
+def _numbered(groups: list[str], ns: list[int]) -> dict[str, Any]:
+    """The parameters of DialectOps.pick_groups' default statement."""
+    out: dict[str, Any] = {f"g{i}": g for i, g in enumerate(groups)}
+    out.update({f"n{i}": n for i, n in enumerate(ns)})
+    return out
 
 
 class InsertPath:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import sqlite3
+from collections.abc import Callable
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import CTE, Engine, Select, create_engine, event
+from sqlalchemy import CTE, Engine, Select, create_engine, event, select, union_all
 from sqlalchemy.dialects.sqlite import insert as lite_insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
@@ -233,6 +234,16 @@ class SQLiteOps(DialectOps):
 
     def insert_ignore_stmt(self, table: Any) -> Any:
         return lite_insert(table).on_conflict_do_nothing()
+
+    def pick_groups(self, pick: Callable[[Any, Any], Select[Any]], k: int
+                    ) -> tuple[Any, Callable[[list[str], list[int]], dict[str, Any]]]:
+        # SQLite takes no ORDER BY / LIMIT in a compound's part: each is a sub-select
+        stmt, bind = super().pick_groups(pick, k)
+        parts = []
+        for part in stmt.selects:
+            sub = part.subquery()
+            parts.append(select(*sub.c))
+        return union_all(*parts), bind
 
     def skip_locked(self, stmt: Select[Any]) -> Select[Any]:
         return stmt  # BEGIN IMMEDIATE already made this transaction the only writer

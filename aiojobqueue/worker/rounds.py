@@ -70,7 +70,11 @@ class ParallelRound:
                 # With no backlog, a finalize that may release jobs (a dependent, a
                 # container's next child) goes first, so this round's claim already sees
                 # them: a DAG's critical path takes one round per step, not two.
-                if want and (self.state.backlog or all(
+                # Under a counted cap the claim goes after the finalize, so it can take
+                # the slots the batch frees (beside it, it would find them still held and
+                # the freed slots would wait for the next poll).
+                capped = self.core.settings.needs_gate and bool(batch)
+                if want and not capped and (self.state.backlog or all(
                         self.state.alone(o.job_id, o.attempt) for o in batch)):
                     claiming = asyncio.ensure_future(self.claim(want, types, quick))
                 if want and batch and claiming is None:

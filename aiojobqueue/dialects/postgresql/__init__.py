@@ -14,8 +14,11 @@ from sqlalchemy import (
     CTE,
     BigInteger,
     Engine,
+    Integer,
     Select,
+    String,
     Text,
+    and_,
     any_,
     bindparam,
     cast,
@@ -23,6 +26,8 @@ from sqlalchemy import (
     func,
     literal,
     select,
+    true,
+    tuple_,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -138,6 +143,32 @@ class PostgresOps(PgInsert, DialectOps):
         # semi-join, and the generic plan guesses the sub-select large: hash join over a
         # sequential scan of the whole jobs table.
         return col == any_(func.array(sel.scalar_subquery()))
+
+    def pick_groups(self, pick: Callable[[Any, Any], Select[Any]], k: int
+                    ) -> tuple[Any, Callable[[list[str], list[int]], dict[str, Any]]]:
+        # One statement whatever k: the groups and counts as two arrays, each group's
+        # pick a LATERAL sub-select (FOR UPDATE is not allowed in a UNION's parts)
+        want = func.unnest(
+            bindparam("gs", type_=ARRAY(String)), bindparam("ns", type_=ARRAY(Integer)),
+        ).table_valued("g", "n").render_derived(name="w")
+        lat = self.skip_locked(pick(want.c.g, want.c.n)).lateral("p")
+        stmt = select(*lat.c).select_from(want.join(lat, true()))
+        return stmt, lambda groups, ns: {"gs": groups, "ns": ns}
+
+    def key_after(self, state_col: Any, state: Any, key_col: Any, bound: Any) -> Any:
+        # As a row comparison: a plain "state = 'ready'" is implied by ix_ready's predicate,
+        # so the planner drops it from the index condition, and "group_key > x" alone on
+        # the index's second column scans it from its first entry (O(ready jobs) a step)
+        return tuple_(state_col, key_col) > tuple_(state, bound)
+
+    def key_is(self, state_col: Any, state: Any, key_col: Any, value: Any) -> Any:
+        # (see key_after) both bounds as row comparisons, the equality kept for the order
+        row, at = tuple_(state_col, key_col), tuple_(state, value)
+        return and_(key_col == value, row >= at, row <= at)
+
+    def pick_each(self, keys: Any, pick: Callable[[Any], Select[Any]]) -> Select[Any] | None:
+        lat = self.skip_locked(pick(keys.c.g)).lateral("p")
+        return select(lat.c.id).select_from(keys.join(lat, true()))
 
     def skip_locked(self, stmt: Select[Any]) -> Select[Any]:
         return stmt.with_for_update(skip_locked=True)
