@@ -25,10 +25,12 @@ from .base import (
     DialectOps,
     InsertPath,
     JobColumns,
+    Listener,
     json_rows_params,
     run_bulk_insert,
     varying_fields,
 )
+from .mysql_bell import BellWatch, ring
 
 if TYPE_CHECKING:
     from ..claim import LeasePath
@@ -126,6 +128,13 @@ class MySQLOps(DialectOps):
     def for_update(self, stmt: Select[Any]) -> Select[Any]:
         return stmt.with_for_update()
 
+    # -- wake-up: the doorbell in meta (see mysql_bell.py) ----------------------------------
+    async def notify(self, conn: AsyncConnection, payload: str = "") -> None:
+        ring(conn, self.t.meta.name)
+
+    def listener(self, engine: AsyncEngine) -> Listener | None:
+        return BellWatch(engine, self.t.meta.name)
+
     def _is_transient(self, exc: BaseException) -> bool:
         if isinstance(exc, DBAPIError):
             args: tuple[Any, ...] = tuple(getattr(exc.orig, "args", ()))
@@ -151,7 +160,8 @@ class MySQLOps(DialectOps):
         that vary as one JSON array of rows, the others as one value each. The SELECT is
         ordered by the rows' ordinal and an INSERT ... SELECT takes its auto-increment values
         in that order (as the multi-row INSERT does), so the sorted ids map back in order.
-        MySQL 8 has no INSERT ... RETURNING: None (MySQLInsertPath.rows)."""
+        ``wake`` rings the bell at commit (see mysql_bell.py). MySQL 8 has no INSERT ...
+        RETURNING: None (MySQLInsertPath.rows; the caller then calls notify)."""
         if not getattr(conn.dialect, "is_mariadb", False):
             return None
         varying = sorted(varying_fields(cols)) or ["args"]
@@ -169,7 +179,10 @@ class MySQLOps(DialectOps):
             rest = await self.insert_jobs(
                 conn, {name: vals[n // 2 :] for name, vals in cols.items()}, False)
             return None if first is None or rest is None else first + rest
-        return await run_bulk_insert(conn, sql, params, n)
+        ids = await run_bulk_insert(conn, sql, params, n)
+        if wake:
+            ring(conn, self.t.meta.name)
+        return ids
 
     @cached_property
     def _bulk_sql(self) -> dict[tuple[str, ...], str]:
