@@ -270,7 +270,7 @@ async def _counts(conn: Any, J: Any) -> tuple[int, int]:
 
 # -- the tests ---------------------------------------------------------------------------------
 #: what one worker process may hold with pool_size=N: (pooled, on top of them) per database
-EXTRA = {"sqlite": 3, "postgresql": 1, "pgbouncer": 1, "mariadb": 0}
+EXTRA = {"sqlite": 3, "postgresql": 1, "pgbouncer": 1, "mariadb": 1}
 
 
 @pytest.mark.slow
@@ -303,12 +303,13 @@ async def test_sixteen_worker_processes_within_a_connection_budget(
 ) -> None:
     """16 worker processes (capacity 4 each) drain 600 jobs inside a budget the server
     enforces: PostgreSQL direct, pool_size=1 each plus LISTEN: CONNECTION LIMIT 32;
-    MariaDB pool_size=2: MAX_USER_CONNECTIONS 32; through PgBouncer pool_size=2 each (32
-    clients, each with a listener until it finds notifications do not arrive) on 4 server
-    connections (the role's CONNECTION LIMIT too). Past the budget a
-    connection would fail ("too many connections"), and a worker log would say so."""
+    MariaDB pool_size=1 each plus the bell watch: MAX_USER_CONNECTIONS 32; through
+    PgBouncer pool_size=2 each (32 clients, each with a listener until it finds
+    notifications do not arrive) on 4 server connections (the role's CONNECTION LIMIT
+    too). Past the budget a connection would fail ("too many connections"), and a worker
+    log would say so."""
     procs = 16
-    pool, limit = {"postgresql": (1, 32), "pgbouncer": (2, 4), "mariadb": (2, 32)}[db]
+    pool, limit = {"postgresql": (1, 32), "pgbouncer": (2, 4), "mariadb": (1, 32)}[db]
     t = await target_factory(db, limit=limit, listen=db == "postgresql")
     peak, took, logs = await run_fleet(t, prefix, tmp_path, procs=procs, capacity=4,
                                        pool_size=pool, jobs=600)

@@ -81,7 +81,8 @@ def _hook(engine: Engine) -> None:
 
     @event.listens_for(engine, "rollback")
     def _rollback(conn: Connection) -> None:
-        conn.info.pop(_RING, None)
+        if not conn.invalidated:  # (an invalidated connection's info went with it)
+            conn.info.pop(_RING, None)
 
     engine._ajq_bell = True  # type: ignore[attr-defined]
 

@@ -1,0 +1,352 @@
+"""How promptly an idle worker starts a job on each database, what its idleness costs, and
+how fast one worker with ``capacity=1`` drains, against the raw ceiling of the same run.
+
+    PYTHONPATH=$PWD /work/venv/bin/python bench/wake.py [--dbs sqlite,mariadb,postgresql]
+
+Per database, one table row:
+
+* **wake p50 / p99**: enqueue -> handler start, the enqueue in another process (its own
+  interpreter and connections), the worker idle in this one with the default settings
+  (``poll_interval=1``). *warm*: 20 ms apart, as the shared harness sends them (the MySQL
+  bell watch then looks every 10 ms); *cold*: 1.3 s apart (past its warm second: the watch
+  looks every 50 ms, what a long-idle worker does).
+* **idle q/s**: the statements one idle worker sends the server per second (its pool and its
+  wake-up's own connection), counted by the client over a quiet window, at about 1,000 and
+  1,000,000 rows in the jobs table, and the median time of one bell look at each (MySQL).
+* **C=1**: ``run_until_idle()`` of N no-op jobs with ``capacity=1`` against the raw
+  claim1 + finalize1 loop of ``/work/shared/bench-sqlite-mariadb`` (SQLite at
+  ``synchronous=FULL``, as aiojobqueue runs it; MariaDB one client), alternated.
+* **bell cost** (MariaDB): single ``enqueue()`` calls per second with the bell rung and with
+  it silenced, alternated (the worst case: one bell UPDATE per enqueue transaction).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from typing import Any
+
+from sqlalchemy import event, text
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from aiojobqueue import JobQueue
+from aiojobqueue.schema import build_tables
+
+HARNESS = "/work/shared/bench-sqlite-mariadb"
+URLS = {
+    "sqlite": None,  # a temp file per run
+    "mariadb": "mysql+aiomysql://root@127.0.0.1:3306/test",
+    "postgresql": "postgresql+asyncpg://postgres@127.0.0.1:5432/test",
+}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+PRODUCER = """
+import asyncio, sys, time
+from aiojobqueue import JobQueue
+async def main(url, prefix, n, gap):
+    async with JobQueue(url, prefix=prefix) as q:
+        for _ in range(3):  # warm-up: connections, statement caches
+            await q.enqueue("t", {"ts": -1.0})
+            await asyncio.sleep(0.2)
+        for _ in range(n):
+            await q.enqueue("t", {"ts": time.time()})
+            await asyncio.sleep(gap)
+asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])))
+"""
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
+
+
+class Target:
+    def __init__(self, db: str, tmp: str) -> None:
+        self.db = db
+        self.tmp = tmp
+
+    def fresh(self) -> tuple[str, str]:
+        """(url, prefix) for a new, empty queue."""
+        prefix = f"wk{uuid.uuid4().hex[:8]}_"
+        url = URLS[self.db] or f"sqlite+aiosqlite:///{self.tmp}/{prefix}.db"
+        return url, prefix
+
+    async def drop(self, url: str, prefix: str) -> None:
+        if self.db == "sqlite":
+            for s in ("", "-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(url.split("///", 1)[1] + s)
+            return
+        engine = create_async_engine(url)
+        try:
+            async with engine.begin() as conn:
+                await conn.run_sync(build_tables(prefix).metadata.drop_all)
+        finally:
+            await engine.dispose()
+
+
+async def _serving(q: JobQueue) -> asyncio.Task[None]:
+    task = asyncio.create_task(q.serve())
+    await asyncio.sleep(1.0)
+    return task
+
+
+async def _stop(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+# -- wake latency ---------------------------------------------------------------------------
+async def wake(t: Target, n: int, gap: float) -> list[float]:
+    """Latencies (ms) of n enqueues from another process, ``gap`` s apart."""
+    url, prefix = t.fresh()
+    q = JobQueue(url, prefix=prefix)
+    lat: list[float] = []
+
+    @q.handler("t")
+    async def handler(ctx: Any, ts: float) -> None:
+        if ts > 0:
+            lat.append((time.time() - ts) * 1000)
+
+    try:
+        async with q:
+            worker = await _serving(q)
+            try:
+                env = {**os.environ, "PYTHONPATH": ROOT}
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-c", PRODUCER, url, prefix, str(n), str(gap), env=env)
+                await proc.wait()
+                deadline = time.monotonic() + 10
+                while len(lat) < n and time.monotonic() < deadline:  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+            finally:
+                await _stop(worker)
+    finally:
+        await t.drop(url, prefix)
+    return lat
+
+
+# -- idle cost --------------------------------------------------------------------------------
+async def _fill(t: Target, q: JobQueue, rows: int) -> None:
+    """About ``rows`` finished jobs in the table: 1,000 enqueued, then doubled in SQL."""
+    async with q.batch() as b:
+        for _ in range(min(rows, 1000)):
+            b.add("t", {"ts": 0})
+    J = q._t.jobs.name
+    cols = ("type, kind, state, args, group_key, weight, priority, pending, run_after, "
+            "attempts, max_attempts, attempt_limit, created_at, finished_at, has_dependents")
+    async with q.engine.begin() as conn:
+        await conn.execute(text(f"UPDATE {J} SET state = 'done', finished_at = created_at, "
+                                "attempts = 1"))
+    have = min(rows, 1000)
+    while have < rows:
+        async with q.engine.begin() as conn:
+            await conn.execute(text(f"INSERT INTO {J} ({cols}) SELECT {cols} FROM {J}"))
+        have *= 2
+
+
+async def idle(t: Target, rows: int, window: float) -> tuple[float, float | None, int]:
+    """(statements/s an idle worker sends, median ms of one bell look or None, rows)."""
+    url, prefix = t.fresh()
+    q = JobQueue(url, prefix=prefix)
+
+    @q.handler("t")
+    async def handler(ctx: Any, ts: float) -> None:
+        return None
+
+    sent = [0]
+    try:
+        async with q:
+            await _fill(t, q, rows)
+            async with q.engine.connect() as conn:
+                n = (await conn.execute(text(f"SELECT COUNT(*) FROM {q._t.jobs.name}"))).scalar()
+
+            @event.listens_for(q.engine.sync_engine, "before_cursor_execute")
+            def _count(_c: Any, _cur: Any, stmt: str, *_a: Any) -> None:
+                sent[0] += 1
+                if os.environ.get("WAKE_DEBUG"):
+                    print(" ".join(stmt.split())[:100])
+
+            made: list[Any] = []
+            core_ops = _ops_of(q)
+            orig = core_ops.listener
+
+            def listener(engine: Any) -> Any:
+                lst = orig(engine)
+                made.append(lst)
+                return lst
+
+            core_ops.listener = listener  # type: ignore[method-assign]
+            worker = await _serving(q)
+            await asyncio.sleep(2.0)  # past the watch's warm second
+            looks0 = getattr(made[0], "looks", 0) if made else 0
+            s0, t0 = sent[0], time.monotonic()
+            await asyncio.sleep(window)
+            secs = time.monotonic() - t0
+            looks = (getattr(made[0], "looks", 0) if made else 0) - looks0
+            pool = sent[0] - s0
+            await _stop(worker)
+            look_ms = await _look_ms(t, q) if t.db == "mariadb" else None
+    finally:
+        await t.drop(url, prefix)
+    return (pool + looks) / secs, look_ms, int(n or 0)
+
+
+def _ops_of(q: JobQueue) -> Any:
+    return q._started().db.ops
+
+
+async def _look_ms(t: Target, q: JobQueue) -> float:
+    from aiojobqueue.dialects.mysql_bell import bell_names
+
+    names = ", ".join(f"'{n}'" for n in bell_names())
+    sql = (f"SELECT SUM(CAST(value AS UNSIGNED)) FROM `{q._t.meta.name}` "
+           f"WHERE name IN ({names})")
+    took = []
+    async with q.engine.connect() as conn:
+        for _ in range(300):
+            t0 = time.perf_counter()
+            await conn.exec_driver_sql(sql)
+            took.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(took)
+
+
+# -- capacity=1 drain -------------------------------------------------------------------------
+async def drain_c1(t: Target, n: int) -> float:
+    url, prefix = t.fresh()
+    try:
+        async with JobQueue(url, prefix=prefix) as q0, q0.batch() as b:
+            for _ in range(n):
+                b.add("t", {"ts": 0})
+        q = JobQueue(url, prefix=prefix, capacity=1)
+
+        @q.handler("t")
+        async def handler(ctx: Any, ts: float) -> None:
+            return None
+
+        async with q:
+            t0 = time.perf_counter()
+            await q.run_until_idle()
+            return n / (time.perf_counter() - t0)
+    finally:
+        await t.drop(url, prefix)
+
+
+def raw_ceiling(db: str, rows: int, tmp: str) -> float | None:
+    """The harness's claim1 + finalize1 loop, one client, in a subprocess of its own."""
+    if db == "sqlite":
+        code = (f"import sys; sys.path.insert(0, {HARNESS!r}); import raw_sqlite as r; "
+                f"print(r.run({tmp + '/raw.sqlite'!r}, 'FULL', 1, 1, {rows})['jobs_per_s'])")
+    elif db == "mariadb":
+        code = (f"import sys; sys.path.insert(0, {HARNESS!r}); import raw_mariadb as r; "
+                # (connect's default database is bound at import: rebind it too)
+                f"r.DB = 'ajq_wake_raw'; r.connect.__defaults__ = (r.DB, False); "
+                f"print(r.run(1, 1, {rows})['jobs_per_s'])")
+    else:
+        return None
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+# -- the bell's cost on the hot path (MariaDB) -------------------------------------------------
+async def enqueue_rate(t: Target, n: int, bell: bool) -> float:
+    import aiojobqueue.dialects.mysql as my
+
+    url, prefix = t.fresh()
+    real = my.ring
+    if not bell:
+        my.ring = lambda conn, meta: None  # type: ignore[assignment]
+    try:
+        async with JobQueue(url, prefix=prefix) as q:
+            for _ in range(20):
+                await q.enqueue("t", {"ts": 0})
+            t0 = time.perf_counter()
+            for _ in range(n):
+                await q.enqueue("t", {"ts": 0})
+            return n / (time.perf_counter() - t0)
+    finally:
+        my.ring = real  # type: ignore[assignment]
+        await t.drop(url, prefix)
+
+
+def fmt(x: float | None, nd: int = 0) -> str:
+    return "—" if x is None else f"{x:,.{nd}f}"
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dbs", default="sqlite,mariadb,postgresql")
+    ap.add_argument("--lat", type=int, default=100, help="warm enqueues, 20 ms apart")
+    ap.add_argument("--cold", type=int, default=15, help="cold enqueues, 1.3 s apart")
+    ap.add_argument("--n1", type=int, default=3000, help="jobs per capacity=1 drain")
+    ap.add_argument("--pairs", type=int, default=2, help="alternated C=1 / raw pairs")
+    ap.add_argument("--big", type=int, default=1_000_000, help="rows of the large table")
+    ap.add_argument("--window", type=float, default=10.0, help="idle seconds counted")
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="ajq-wake-")
+    rows: list[list[str]] = []
+    notes: list[str] = []
+    for db in args.dbs.split(","):
+        t = Target(db, tmp)
+        warm = await wake(t, args.lat, 0.02)
+        cold = await wake(t, args.cold, 1.3)
+        small = await idle(t, 1000, args.window)
+        big = await idle(t, args.big, args.window) if db == "mariadb" else None
+        c1: list[float] = []
+        raw: list[float] = []
+        for _ in range(args.pairs):
+            c1.append(await drain_c1(t, args.n1))
+            r = await asyncio.to_thread(raw_ceiling, db, max(args.n1, 3000), tmp)
+            if r is not None:
+                raw.append(r)
+        c1m = statistics.median(c1)
+        rawm = statistics.median(raw) if raw else None
+        ratio = f"**{c1m / rawm:.2f}**" if rawm else "—"
+        idle_txt = f"{small[0]:.1f} @ {small[2]:,}"
+        if big is not None:
+            idle_txt += f" / {big[0]:.1f} @ {big[2]:,}"
+        look = "—" if small[1] is None else (
+            f"{small[1]:.2f} / {big[1]:.2f}" if big and big[1] is not None else f"{small[1]:.2f}")
+        rows.append([
+            db, f"{pct(warm, 50):.1f} / {pct(warm, 99):.1f}",
+            f"{pct(cold, 50):.1f} / {pct(cold, 99):.1f}", idle_txt, look,
+            f"{fmt(c1m)} (pairs: {', '.join(fmt(x) for x in c1)})",
+            f"{fmt(rawm)} ({', '.join(fmt(x) for x in raw)})" if raw else "—", ratio,
+        ])
+        if db == "mariadb":
+            on: list[float] = []
+            off: list[float] = []
+            for _ in range(args.pairs):
+                on.append(await enqueue_rate(t, 500, True))
+                off.append(await enqueue_rate(t, 500, False))
+            notes.append(
+                f"MariaDB bell cost: single enqueue() {statistics.median(on):,.0f}/s rung vs "
+                f"{statistics.median(off):,.0f}/s silenced (pairs on/off: "
+                + ", ".join(f"{a:,.0f}/{b:,.0f}" for a, b in zip(on, off, strict=True))
+                + f"): **{statistics.median(on) / statistics.median(off):.2f}**")
+    head = ["database", "wake warm p50 / p99 ms", "wake cold p50 / p99 ms",
+            "idle q/s @ jobs rows", "bell look ms (small / large)", "C=1 jobs/s",
+            "raw claim1+finalize1 jobs/s", "C=1 / raw"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
+    for n in notes:
+        print()
+        print(n)
+    load = os.getloadavg()
+    print(f"\nload average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (2 cores, shared)")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
