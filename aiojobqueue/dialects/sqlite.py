@@ -8,6 +8,7 @@ busy timeout turns "database is locked" into a wait (retried further up if it st
 from __future__ import annotations
 
 import asyncio
+import collections
 import sqlite3
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -46,6 +47,7 @@ def _hook(engine: Engine) -> Engine:
 
     @event.listens_for(engine, "connect")
     def _connect(dbapi_conn: Any, _rec: Any) -> None:
+        _one_hop(dbapi_conn)
         dbapi_conn.isolation_level = None  # we emit BEGIN ourselves (below)
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
@@ -56,10 +58,123 @@ def _hook(engine: Engine) -> Engine:
     @event.listens_for(engine, "begin")
     def _begin(conn: Connection) -> None:
         mode = conn.get_execution_options().get("ajq_begin", "IMMEDIATE")
-        conn.exec_driver_sql(f"BEGIN {mode}")
+        raw = conn.connection.dbapi_connection
+        if type(raw) in _FAST_KINDS:  # sent with the transaction's first statement
+            raw._connection._ajq_begin = f"BEGIN {mode}"  # type: ignore[union-attr]
+        else:
+            conn.exec_driver_sql(f"BEGIN {mode}")
 
     engine._ajq_hooks = True  # type: ignore[attr-defined]
     return engine
+
+
+class _Ran:
+    """What a statement run by _OneHopCursor left: the cursor attributes SQLAlchemy reads."""
+
+    __slots__ = ("arraysize", "description", "lastrowid", "rowcount")
+
+    def __init__(self, description: Any = None, rowcount: int = -1,
+                 lastrowid: int | None = None) -> None:
+        self.description, self.rowcount, self.lastrowid = description, rowcount, lastrowid
+        self.arraysize = 1
+
+    def close(self) -> None:
+        return None
+
+
+def _run(conn: sqlite3.Connection, begin: str | None, many: bool, sql: str,
+         params: Any) -> tuple[_Ran, list[Any]]:
+    """One statement start to end in the aiosqlite thread: cursor, execute, rows, close;
+    after ``begin``, the BEGIN of the transaction it is the first statement of."""
+    if begin is not None:
+        conn.execute(begin)
+    cur = conn.cursor()
+    try:
+        if many:
+            cur.executemany(sql, params)
+        elif params is None:
+            cur.execute(sql)
+        else:
+            cur.execute(sql, params)
+        desc = cur.description
+        rows = cur.fetchall() if desc else []
+        return _Ran(desc, cur.rowcount, cur.lastrowid), rows
+    finally:
+        cur.close()
+
+
+def _one_hop(dbapi_conn: Any) -> None:
+    """Run each statement in one trip to aiosqlite's thread instead of three or four.
+
+    SQLAlchemy's aiosqlite cursor makes a trip each to open a cursor, execute, fetch the
+    rows and close it; each trip is a thread hand-off and an event-loop wake-up, which on a
+    loaded machine cost more than the statement (profiled: a capacity=1 worker spent most of
+    its time waiting in epoll for them). Likewise a transaction's BEGIN travels with its
+    first statement, and the pool's rollback of a connection that holds no transaction (after
+    every commit) stays home. The classes are swapped on this connection only, and only
+    where SQLAlchemy's adapter has the shape this was written for."""
+    cls = type(dbapi_conn)
+    fast = _FAST.get(cls)
+    if fast is None:
+        try:
+            from sqlalchemy.connectors.asyncio import AsyncAdapt_dbapi_cursor
+            from sqlalchemy.util.concurrency import await_
+        except ImportError:  # pragma: no cover - another SQLAlchemy layout: keep its own
+            return
+        base = getattr(cls, "_cursor_cls", None)
+        if not (isinstance(base, type) and issubclass(base, AsyncAdapt_dbapi_cursor)
+                and hasattr(base, "_execute_async") and hasattr(dbapi_conn, "_execute_mutex")):
+            return  # pragma: no cover - another SQLAlchemy layout: keep its own
+
+        class _OneHopCursor(base):  # type: ignore[valid-type, misc]
+            __slots__ = ()
+            _awaitable_cursor_close = False
+
+            def _make_new_cursor(self, connection: Any) -> Any:
+                return _Ran()
+
+            def _aenter_cursor(self, cursor: Any) -> Any:
+                return cursor
+
+            async def _execute_async(self, operation: Any, parameters: Any) -> Any:
+                return await self._go(False, operation, parameters)
+
+            async def _executemany_async(self, operation: Any, seq: Any) -> Any:
+                return await self._go(True, operation, seq)
+
+            async def _go(self, many: bool, operation: Any, parameters: Any) -> None:
+                aconn = self._connection
+                async with self._adapt_connection._execute_mutex:
+                    begin = aconn.__dict__.pop("_ajq_begin", None)
+                    self._cursor, rows = await aconn._execute(  # type: ignore[misc]
+                        _run, aconn._conn, begin, many, operation, parameters)
+                    self._rows = collections.deque(rows)  # type: ignore[misc]
+
+        class _OneHopConnection(cls):  # type: ignore[valid-type, misc]
+            __slots__ = ()
+            _cursor_cls = _OneHopCursor
+
+            def commit(self) -> None:
+                if self._connection.__dict__.pop("_ajq_begin", None) is None:
+                    super().commit()  # (else the transaction ran no statement: nothing to do)
+
+            def rollback(self) -> None:
+                aconn = self._connection
+                if aconn.__dict__.pop("_ajq_begin", None) is not None:
+                    return  # its BEGIN was never sent
+                raw = aconn._connection
+                if raw is not None and not raw.in_transaction:
+                    return  # nothing to roll back: no trip to the thread
+                super().rollback()
+
+        fast = _FAST[cls] = _OneHopConnection
+        _FAST_KINDS.add(fast)
+        del await_
+    dbapi_conn.__class__ = fast
+
+
+_FAST: dict[type, type] = {}
+_FAST_KINDS: set[type] = set()
 
 
 class SQLiteOps(DialectOps):
