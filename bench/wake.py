@@ -341,6 +341,9 @@ async def main() -> None:
     print("|" + "---|" * len(head))
     for r in rows:
         print("| " + " | ".join(r) + " |")
+    notes.append("idle q/s counts what reaches a server: on PostgreSQL LISTEN sends nothing "
+                 "while idle (a keep-alive SELECT 1 every 30 s); SQLite's watch also reads "
+                 "PRAGMA data_version every 5 ms in-process (a file read, no server).")
     for n in notes:
         print()
         print(n)
