@@ -146,6 +146,9 @@ def _one_hop(dbapi_conn: Any) -> None:
                 aconn = self._connection
                 async with self._adapt_connection._execute_mutex:
                     begin = aconn.__dict__.pop("_ajq_begin", None)
+                    # sent: until a commit or rollback, the connection may hold a transaction
+                    # (even if this await is cancelled: the thread still runs it)
+                    aconn._ajq_sent = True
                     self._cursor, rows = await aconn._execute(  # type: ignore[misc]
                         _run, aconn._conn, begin, many, operation, parameters)
                     self._rows = collections.deque(rows)  # type: ignore[misc]
@@ -155,17 +158,18 @@ def _one_hop(dbapi_conn: Any) -> None:
             _cursor_cls = _OneHopCursor
 
             def commit(self) -> None:
-                if self._connection.__dict__.pop("_ajq_begin", None) is None:
-                    super().commit()  # (else the transaction ran no statement: nothing to do)
+                state = self._connection.__dict__
+                if state.pop("_ajq_begin", None) is None:  # (else no statement ran: done)
+                    super().commit()
+                    state["_ajq_sent"] = False
 
             def rollback(self) -> None:
-                aconn = self._connection
-                if aconn.__dict__.pop("_ajq_begin", None) is not None:
-                    return  # its BEGIN was never sent
-                raw = aconn._connection
-                if raw is not None and not raw.in_transaction:
-                    return  # nothing to roll back: no trip to the thread
-                super().rollback()
+                state = self._connection.__dict__
+                state.pop("_ajq_begin", None)  # a BEGIN not sent yet is simply dropped
+                if not state.get("_ajq_sent", True):
+                    return  # nothing sent since the last commit/rollback: no trip
+                super().rollback()  # queued behind whatever the thread still runs
+                state["_ajq_sent"] = False
 
         fast = _FAST[cls] = _OneHopConnection
         _FAST_KINDS.add(fast)
