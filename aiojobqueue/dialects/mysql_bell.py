@@ -49,10 +49,10 @@ def bell_names() -> list[str]:
     return [f"wake:{i}" for i in range(SHARDS)]
 
 
-def ring(conn: AsyncConnection, meta: str) -> None:
+def ring(conn: AsyncConnection | Connection, meta: str) -> None:
     """Ring the bell of the queue whose ``meta`` table is named ``meta`` when ``conn``'s
     transaction commits (nothing if it rolls back)."""
-    _hook(conn.sync_engine)
+    _hook(conn.sync_engine if isinstance(conn, AsyncConnection) else conn.engine)
     rings: set[str] = conn.info.setdefault(_RING, set())
     rings.add(meta)
 
