@@ -53,8 +53,8 @@ async def test_a_statement_is_one_trip_to_the_driver_thread(
 
 
 async def test_single_slot_worker_leases_at_most_a_few_ahead(tmp_path: Path) -> None:
-    """A capacity=1 worker holds at most 1 + SHARED_AHEAD leases at any time (it may lease
-    ahead, never hoard the queue), and runs every job once."""
+    """A capacity=1 worker holds at most 1 + SHARED_AHEAD leases at any time (it leases
+    ahead, but never hoards the queue), and runs every job once."""
     q = JobQueue(f"sqlite+aiosqlite:///{tmp_path}/jobs.db", capacity=1)
     held: list[int] = []
     ran: list[int] = []

@@ -4,8 +4,9 @@ at start (``DialectOps.round_kind``):
 
 * ``SharedRound`` (SQLite): the database runs in this process, so no commit answer can be
   lost between the two: finalize and claim share one transaction and one commit. One
-  writer at a time: nothing runs beside it, and at most SHARED_AHEAD leases per slot are
-  taken ahead (prefetch), so the next jobs run while a round commits.
+  writer at a time: nothing runs beside it, and only a few leases are taken ahead
+  (prefetch: one per slot, SHARED_AHEAD at least), so the next jobs run while a round
+  commits.
 * ``ParallelRound`` (MySQL/MariaDB): the claim runs beside the finalize on another
   connection when it cannot depend on it (a backlog, or jobs nothing waits on), else
   right after it, so a DAG's critical path takes one round per step. Never one
@@ -43,8 +44,8 @@ PREFETCH_HORIZON = 0.05
 #: small worker running very short jobs would otherwise pay a round per handful of jobs.
 PREFETCH_MAX = 2
 PREFETCH_FLOOR = 64
-#: SQLite (SharedRound): at most this many leases ahead per handler slot
-SHARED_AHEAD = 2
+#: SQLite (SharedRound): at most max(SHARED_AHEAD, capacity) leases ahead
+SHARED_AHEAD = 4
 
 
 class ParallelRound:
@@ -173,10 +174,11 @@ class SharedRound(ParallelRound):
     def prefetch(self, avg_run: float | None) -> int:
         # One writer at a time: a worker that leases far ahead re-takes the write lock round
         # after round while other processes sit in the busy handler's back-off, so it would
-        # end up hoarding the queue. SHARED_AHEAD leases per slot only let the next jobs run
-        # while the round writing the last ones commits (a capacity=1 worker otherwise waits
-        # for each round between two jobs: bench/wake.py).
-        return min(super().prefetch(avg_run), SHARED_AHEAD * self.core.settings.capacity)
+        # end up hoarding the queue. A few leases (one per slot, SHARED_AHEAD at least) only
+        # let the next jobs run while the round writing the last ones commits (a capacity=1
+        # worker otherwise waits for each round between two jobs: bench/wake.py).
+        cap = self.core.settings.capacity
+        return min(super().prefetch(avg_run), max(SHARED_AHEAD, cap))
 
     async def _finalize_and_claim(
         self, batch: list[Outcome], want: int, types: list[str], quick: bool,
