@@ -44,8 +44,9 @@ PREFETCH_HORIZON = 0.05
 #: small worker running very short jobs would otherwise pay a round per handful of jobs.
 PREFETCH_MAX = 2
 PREFETCH_FLOOR = 64
-#: SQLite (SharedRound): at most max(SHARED_AHEAD, capacity) leases ahead
-SHARED_AHEAD = 4
+#: SQLite (SharedRound): at most max(SHARED_AHEAD, capacity) leases ahead (and, as
+#: everywhere, no more than PREFETCH_HORIZON seconds of work at the recent pace)
+SHARED_AHEAD = 8
 
 
 class ParallelRound:
