@@ -168,3 +168,32 @@ async def test_bell_rings_at_commit_only(make_queue: Callable[..., JobQueue]) ->
             for _ in range(3):
                 batch.add("t", {})
         assert await bell() == 2
+
+
+@pytest.mark.parametrize("db", ["mariadb"], indirect=True)
+async def test_bell_watch_comes_back_after_an_outage(
+    make_queue: Callable[..., JobQueue], db_url: str, prefix: str
+) -> None:
+    """Every connection of the worker (its watch's too) is cut and refused for a second;
+    afterwards an enqueue from another process still wakes it well before its poll."""
+    from tcpproxy import TcpProxy
+
+    async with TcpProxy.for_url(db_url) as px:
+        make_queue()  # (the fixture drops the tables afterwards)
+        q = JobQueue(px.url(db_url), prefix=prefix, poll_interval=POLL, lease_ttl=3.0,
+                     heartbeat_interval=0.5, shutdown_timeout=2.0)
+        ran = asyncio.Event()
+
+        @q.handler("t")
+        async def t(ctx: Any) -> None:
+            ran.set()
+
+        async with q:
+            worker = await _idle_worker(q)
+            try:
+                await px.outage(1.0)
+                await asyncio.sleep(4.0)  # the watch's backoff: 0.2 + 0.4 + 0.8 + 1.6 s
+                await _run_script(PRODUCER, db_url, prefix)
+                await asyncio.wait_for(ran.wait(), PROMPT)
+            finally:
+                await _stop(worker)

@@ -40,6 +40,8 @@ WARM = 1.0
 #: ... then the interval grows (x GROW per look) up to this
 SLOW = 0.05
 GROW = 1.25
+#: seconds a look may take before the watch reconnects (the worker's loop logs it)
+LOOK_TIMEOUT = 10.0
 #: ``Connection.info`` key: the meta tables whose bell this transaction rings at commit
 _RING = "ajq_ring"
 
@@ -119,7 +121,12 @@ class BellWatch(Listener):
         rang_at = loop.time()
         every = FAST
         while True:
-            mark = (await conn.exec_driver_sql(look)).scalar()
+            try:  # a silently dead link would leave the look waiting for ever
+                async with asyncio.timeout(LOOK_TIMEOUT):
+                    mark = (await conn.exec_driver_sql(look)).scalar()
+            except TimeoutError:
+                await conn.invalidate()  # (closing it would wait on the dead link too)
+                raise ConnectionError(f"the bell watch got no answer in {LOOK_TIMEOUT}s") from None
             self.looks += 1
             now = loop.time()
             if mark != last:
