@@ -60,8 +60,10 @@ async def test_per_process_capacity(make_queue: Callable[..., JobQueue]) -> None
             nonlocal live, peak
             live += 1
             peak = max(peak, live)
-            await asyncio.sleep(0.05)
-            live -= 1
+            try:
+                await asyncio.sleep(0.05)
+            finally:  # a stopped attempt (a lease lost under load) is no longer running
+                live -= 1
 
         async with q.batch() as b:
             for _ in range(10):
