@@ -425,6 +425,16 @@ class _SyncConnection:
     def get_execution_options(self) -> Any:
         return self._conn.get_execution_options()
 
+    @property
+    def engine(self) -> Any:
+        """The sync engine (where a dialect hooks its commit, e.g. the MySQL bell)."""
+        return self._conn.engine
+
+    @property
+    def info(self) -> dict[Any, Any]:
+        """The connection's own ``info`` (what its commit hooks read)."""
+        return self._conn.info
+
 
 def _bridge(conn: Connection, ops: Any) -> AsyncConnection:
     """``conn`` as the insert path takes it (see _SyncConnection)."""

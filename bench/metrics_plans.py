@@ -5,7 +5,7 @@
 Fills the jobs table with ``--finished`` done jobs (one server-side INSERT ... SELECT) and a
 few live ones, analyzes it, then prints the plan of each gauge query and the time of one
 whole gauge read (every counted state), the median of ``--runs``. The tests use ``fill`` and
-``plans`` at a smaller size (tests/test_metrics.py).
+``plans`` at a smaller size (tests/queue/test_metrics.py).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from sqlalchemy import select
 
 from aiojobqueue import JobQueue
 
-WORKER = Path(__file__).with_name("dagworker.py")
+WORKER = Path(__file__).resolve().parents[1] / "dagworker.py"
 N_NODES = 480
 N_PROCS = 3
 

@@ -13,6 +13,7 @@ import asyncio
 import os
 import sys
 import time
+from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +35,15 @@ async def main(url, prefix):
     async with JobQueue(url, prefix=prefix) as q:
         await q.enqueue("t", {})
 asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+SYNC_PRODUCER = """
+import sys
+from aiojobqueue import SyncQueue
+with SyncQueue(sys.argv[1], prefix=sys.argv[2]) as q:
+    q.enqueue("t", {})
+    with q.batch() as b:
+        b.add("t", {})
 """
 
 #: serves type "a" until it has run one, then exits (its poll is 30 s too)
@@ -60,7 +70,7 @@ asyncio.run(main(sys.argv[1], sys.argv[2]))
 
 
 def _env() -> dict[str, str]:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(Path(__file__).resolve().parents[2])
     return {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
@@ -104,6 +114,32 @@ async def test_enqueue_in_another_process_wakes_idle_worker(
         finally:
             await _stop(worker)
     assert started[0] - t0 < PROMPT
+
+
+async def test_a_syncqueue_enqueue_wakes_idle_worker(
+    make_queue: Callable[..., JobQueue], db_url: str, prefix: str
+) -> None:
+    """Synchronous code (a Flask view, a script) wakes the workers like JobQueue does: a
+    lone enqueue and a batch, from another process, each on its own commit."""
+    q = make_queue(poll_interval=POLL)
+    started: list[float] = []
+    both = asyncio.Event()
+
+    @q.handler("t")
+    async def t(ctx: Any) -> None:
+        started.append(time.monotonic())
+        if len(started) == 2:
+            both.set()
+
+    async with q:
+        worker = await _idle_worker(q)
+        try:
+            t0 = time.monotonic()
+            await _run_script(SYNC_PRODUCER, db_url, prefix)
+            await asyncio.wait_for(both.wait(), PROMPT)
+        finally:
+            await _stop(worker)
+    assert started[-1] - t0 < PROMPT
 
 
 async def test_finish_in_another_process_wakes_worker_for_the_dependent(

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from conftest import drop_tables, eventually
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:

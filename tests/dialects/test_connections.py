@@ -12,7 +12,7 @@ What one worker process holds (pool_size=N, 5 by default, no overflow): PostgreS
 (the LISTEN connection, to ``listen_url`` where given); MariaDB N; SQLite N + 3 (the side
 writer, up to 2, and the data_version watcher).
 
-Run as a script, this file is that worker: ``python tests/test_connections.py URL PREFIX
+Run as a script, this file is that worker: ``python tests/dialects/test_connections.py URL PREFIX
 CAPACITY POOL_SIZE [LISTEN_URL]`` (POOL_SIZE 0: the default).
 """
 
@@ -41,7 +41,7 @@ JOBS_MS = 30
 # -- the worker ----------------------------------------------------------------------------
 async def _serve(url: str, prefix: str, capacity: int, pool_size: int,
                  listen_url: str | None) -> None:
-    sys.path.insert(0, str(HERE.parent.parent))
+    sys.path.insert(0, str(HERE.parents[2]))
     from aiojobqueue import JobContext, JobQueue
     from aiojobqueue.runner import run_worker
 

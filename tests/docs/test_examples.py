@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import drop_tables
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").rglob("*.py"))
 
 

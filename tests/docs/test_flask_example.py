@@ -17,7 +17,7 @@ from sqlalchemy import MetaData, Table
 from sqlalchemy.ext.asyncio import create_async_engine
 from test_fastapi_example import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 pytest.importorskip("flask", reason="Flask is a dev dependency (the example's)")
 
@@ -49,7 +49,9 @@ async def test_flask_app_enqueues_in_the_request_transaction(db_url: str, prefix
                 stderr=subprocess.STDOUT)
 
             r = await http.post("/orders", json={"email": "ann@example.com", "quantity": 2})
-            assert r.status_code == 201, r.text
+            if r.status_code != 201:
+                web.send_signal(signal.SIGINT)
+                raise AssertionError(web.communicate(timeout=20)[0][-3000:])
             order = r.json()["order_id"]
 
             async def receipt_sent() -> bool:
@@ -72,13 +74,15 @@ async def test_flask_app_enqueues_in_the_request_transaction(db_url: str, prefix
             assert (await http.get(f"/jobs/{r.json()['receipt_job']}")).status_code == 200
     finally:
         for p in (worker, web):
-            if p is not None and p.poll() is None:
+            if p is None:
+                continue
+            if p.poll() is None:
                 p.send_signal(signal.SIGINT)
-                try:
-                    p.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+            try:
+                p.communicate(timeout=20)  # also closes its pipe
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.communicate()
         if not db_url.startswith("sqlite"):
             await drop_tables(db_url, prefix)
             engine = create_async_engine(db_url)

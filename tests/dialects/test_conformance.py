@@ -22,7 +22,7 @@ from aiojobqueue import JobContext, JobQueue, JobState
 from aiojobqueue.claim import Claimed
 from aiojobqueue.finalize import Outcome
 
-WORKER = Path(__file__).with_name("dagworker.py")
+WORKER = Path(__file__).resolve().parents[1] / "dagworker.py"
 
 
 async def claim_now(q: JobQueue, want: int = 10, types: tuple[str, ...] = ("t",)) -> list[Claimed]:

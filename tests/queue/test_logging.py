@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import drop_tables
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = r'''
 import asyncio, logging, sys

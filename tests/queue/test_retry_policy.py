@@ -19,7 +19,7 @@ import pytest
 
 from aiojobqueue import JobContext, JobFailed, JobQueue, JobState, PermanentError
 
-ROOT = Path(__file__).resolve().parents[1]  # the worker processes import this tree
+ROOT = Path(__file__).resolve().parents[2]  # the worker processes import this tree
 
 
 class QuotaExceeded(PermanentError):

@@ -51,7 +51,7 @@ async def test_autogenerate_finds_no_difference_in_a_queue_created_database(
 
 
 # -- a real Alembic project: examples/alembic -------------------------------------------------
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def upgrade_ops(script: Path) -> list[str]:

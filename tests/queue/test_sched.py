@@ -192,7 +192,7 @@ def test_custom_limit_example_runs() -> None:
     import sys
     from pathlib import Path
 
-    example = Path(__file__).parent.parent / "examples" / "custom_limit.py"
+    example = Path(__file__).resolve().parents[2] / "examples" / "custom_limit.py"
     r = subprocess.run([sys.executable, str(example)], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr
