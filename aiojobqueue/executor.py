@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select, update
 
-from . import progress
+from . import progress, tracing
 from . import schema as S
 from .batch import Batch, check_json
 from .claim import Claimed
@@ -139,7 +139,14 @@ Reasons = dict[tuple[int, int], str]
 
 
 async def run_attempt(core: Core, c: Claimed, reasons: Reasons) -> Outcome | None:
-    """``_attempt()``; a progress report it held back lands before the outcome is returned."""
+    """``_attempt()``; a progress report it held back lands before the outcome is returned.
+    Traced where OpenTelemetry records (aiojobqueue.tracing)."""
+    if tracing.tracer() is None:
+        return await _run_attempt(core, c, reasons)
+    return await tracing.traced_attempt(c, lambda: _run_attempt(core, c, reasons))
+
+
+async def _run_attempt(core: Core, c: Claimed, reasons: Reasons) -> Outcome | None:
     ctx = core.make_context(c)
     try:
         outcome = await _attempt(core, c, reasons, ctx)

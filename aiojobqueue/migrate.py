@@ -91,6 +91,8 @@ async def _upgrade_once(db: Database) -> int:
         await _v3_to_v4(db)
     if 0 < found < 6:
         await _v5_to_v6(db)
+    if 0 < found < 7:
+        await _v6_to_v7(db)
     async with db.engine.begin() as conn:
         await conn.run_sync(db.t.metadata.create_all, checkfirst=True)
     async with db.engine.begin() as conn:
@@ -211,6 +213,24 @@ async def _v5_to_v6(db: Database) -> None:
                 if name not in have:
                     kind = table.c[name].type.compile(dialect=conn.dialect)
                     await conn.execute(text(f"ALTER TABLE {table.name} ADD COLUMN {name} {kind}"))
+
+
+async def _v6_to_v7(db: Database) -> None:
+    """v7: the nullable ``trace`` column on jobs (the W3C trace context that
+    aiojobqueue.tracing stores with a traced enqueue). No row is rewritten; added only if
+    missing, under the gate's lock (one process migrates; the others wait, then see it)."""
+    J = db.t.jobs
+    async with db.engine.begin() as conn:
+        await db.ops.lock_gate(conn)
+
+        def columns(sync_conn: Any) -> set[str]:
+            from sqlalchemy import inspect
+
+            return {c["name"] for c in inspect(sync_conn).get_columns(J.name)}
+
+        if "trace" not in await conn.run_sync(columns):
+            kind = J.c.trace.type.compile(dialect=conn.dialect)
+            await conn.execute(text(f"ALTER TABLE {J.name} ADD COLUMN trace {kind}"))
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from .dialects.columns import Id as _Id
 from .dialects.columns import Json as _Json
 from .dialects.columns import UTCDateTime, drop_routines_with
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 #: What a container not yet active adds to its children's ``pending`` (v3; was 1): larger
 #: than any count of dependencies, so activation tells the credited children apart.
 CREDIT = 1 << 30
@@ -131,6 +131,9 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         # failed attempts (aiojobqueue.history); NULL for most jobs, so no cost to them.
         Column("progress", _Json),
         Column("errors", _Json),
+        # v7: the W3C trace context of the enqueuer's span (aiojobqueue.tracing), and the
+        # first attempt's once one failed; NULL unless OpenTelemetry traced the enqueue.
+        Column("trace", _Json),
         Column("parent_id", _Id),
         Column("group_key", String(200), nullable=False),
         Column("weight", Integer, nullable=False, server_default="1"),

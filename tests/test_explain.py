@@ -338,7 +338,7 @@ async def test_v5_schema_gains_the_v6_columns(make_queue: Callable[..., JobQueue
         async with q2.engine.connect() as conn:
             v = (await conn.execute(select(M.c.value).where(M.c.name == "schema_version"))
                  ).scalar_one()
-        assert v == str(SCHEMA_VERSION) == "6"
+        assert v == str(SCHEMA_VERSION) == "7"
         await q2.run_until_idle()
         job = await q2.get(jid)
     assert job.state == "done" and [e["attempt"] for e in job.errors] == [1]

@@ -255,7 +255,7 @@ async def test_v4_schema_gains_the_releases_table(
         async with q2.engine.connect() as conn:
             v = (await conn.execute(select(M.c.value).where(M.c.name == "schema_version"))
                  ).scalar_one()
-            assert v == str(SCHEMA_VERSION) == "6"
+            assert v == str(SCHEMA_VERSION) == "7"
             assert await conn.scalar(select(func.count()).select_from(R)) == 0
         await q2.run_until_idle()
         assert ran[0] == head.id and sorted(ran[1:]) == sorted(o.id for o in outs)
@@ -292,7 +292,7 @@ async def test_v5_schema_gains_the_observability_columns(
         async with q2.engine.connect() as conn:
             v = (await conn.execute(select(M.c.value).where(M.c.name == "schema_version"))
                  ).scalar_one()
-        assert v == str(SCHEMA_VERSION) == "6"
+        assert v == str(SCHEMA_VERSION) == "7"
         await q2.run_until_idle()
         job = await q2.get(jid)
         assert job.state == "done"
