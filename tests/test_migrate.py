@@ -309,3 +309,48 @@ async def test_v5_schema_gains_the_observability_columns(
             have = await conn.run_sync(columns)
         assert {"progress", "errors"} <= have[J.name]
         assert {"types", "capacity", "config"} <= have[W.name]
+
+
+async def test_v6_schema_gains_the_trace_column(make_queue: Callable[..., JobQueue]) -> None:
+    """v7 adds the nullable ``trace`` column to jobs: a v6 database gets it from the upgrade
+    with its jobs intact (they stay NULL and run), and a traced enqueue then fills it."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.util._once import Once
+
+    q = make_queue()
+    async with q:
+        J, M = q._t.jobs, q._t.meta
+        old = await q.enqueue("t", {})
+        async with q.engine.begin() as conn:  # back to what v6 looked like
+            await conn.execute(text(f"ALTER TABLE {J.name} DROP COLUMN trace"))
+            await conn.execute(update(M).where(M.c.name == "schema_version").values(value="6"))
+
+    q2 = make_queue()
+    ran: list[int] = []
+
+    @q2.handler("t")
+    async def t(ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    def provider(p: TracerProvider | None) -> None:
+        trace._TRACER_PROVIDER_SET_ONCE = Once()  # type: ignore[attr-defined]
+        trace._TRACER_PROVIDER = None  # type: ignore[attr-defined]
+        if p is not None:
+            trace.set_tracer_provider(p)
+
+    async with q2:  # upgrades
+        async with q2.engine.connect() as conn:
+            v = (await conn.execute(select(M.c.value).where(M.c.name == "schema_version"))
+                 ).scalar_one()
+        assert v == str(SCHEMA_VERSION) == "7"
+        provider(TracerProvider())
+        try:
+            new = await q2.enqueue("t", {})
+        finally:
+            provider(None)
+        await q2.run_until_idle()
+        async with q2.engine.connect() as conn:
+            stored = dict((await conn.execute(select(J.c.id, J.c.trace))).all())
+    assert sorted(ran) == [old, new]
+    assert stored[old] is None and stored[new]["traceparent"].startswith("00-")
