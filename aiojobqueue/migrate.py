@@ -217,9 +217,12 @@ async def _v5_to_v6(db: Database) -> None:
 
 async def _v6_to_v7(db: Database) -> None:
     """v7: the nullable ``trace`` column on jobs (the W3C trace context that
-    aiojobqueue.tracing stores with a traced enqueue). No row is rewritten; added only if
-    missing, under the gate's lock (one process migrates; the others wait, then see it)."""
+    aiojobqueue.tracing stores with a traced enqueue; no row is rewritten) and, where
+    partial indexes exist, ``ix_waiting`` (schema.waiting_index: an entry per waiting job,
+    built by one pass over the table). Each is added only if missing, under the gate's
+    lock (one process migrates; the others wait, then find them)."""
     J = db.t.jobs
+    waiting = next(ix for ix in J.indexes if ix.name == f"{_prefix(db)}ix_waiting")
     async with db.engine.begin() as conn:
         await db.ops.lock_gate(conn)
 
@@ -231,6 +234,8 @@ async def _v6_to_v7(db: Database) -> None:
         if "trace" not in await conn.run_sync(columns):
             kind = J.c.trace.type.compile(dialect=conn.dialect)
             await conn.execute(text(f"ALTER TABLE {J.name} ADD COLUMN trace {kind}"))
+        if db.ops.partial_indexes():
+            await conn.run_sync(lambda c: waiting.create(c, checkfirst=True))
 
 
 @dataclass(frozen=True)

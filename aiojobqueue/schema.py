@@ -112,6 +112,18 @@ def ready_weight_index(p: str, jobs: Table | None = None) -> Index:
                  **_where(f"state = '{READY}' AND weight > 1"))
 
 
+def waiting_index(p: str, jobs: Table) -> Index:
+    """v7: the ``aiojobqueue_jobs{state="waiting"}`` gauge's count per group, on PostgreSQL
+    and SQLite only, partial: a waiting job has an entry while it waits (one more index
+    entry at its insert; its release makes the row's new version leave the predicate, so
+    none is added then). MySQL/MariaDB have no partial indexes and would index every row:
+    there the count reads ``ix_running``, whose leading (state, group_key) indexes every
+    row already, so it gets no index of its own."""
+    only: Any = ("postgresql", "sqlite")  # (ddl_if takes a tuple; its hint says str)
+    return Index(f"{p}ix_waiting", jobs.c.state, jobs.c.group_key,
+                 **_partial(WAITING)).ddl_if(dialect=only)
+
+
 def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None) -> Tables:
     """Build the schema under ``prefix`` (into ``metadata`` if given, e.g. an Alembic one)."""
     md = metadata if metadata is not None else MetaData()
@@ -171,6 +183,7 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
     # autogenerate).
     Index(f"{p}ix_ready", jobs.c.state, jobs.c.group_key, jobs.c.priority.desc(), jobs.c.id,
           **_partial(READY))
+    waiting_index(p, jobs)
     deps = Table(
         f"{p}deps",
         md,

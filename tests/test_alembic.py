@@ -35,6 +35,11 @@ async def test_autogenerate_finds_no_difference_in_a_queue_created_database(
 
     async with queue.engine.connect() as conn:
         diff = await conn.run_sync(compare)
+        if conn.dialect.name == "mysql":
+            # ix_waiting exists only where indexes can be partial (schema.waiting_index);
+            # Alembic does not read ddl_if, so it proposes it here (the README says so)
+            diff = [d for d in diff if not (d[0] == "add_index"
+                                            and d[1].name == f"{prefix}ix_waiting")]
     assert diff == []
     # the comparison sees the queue's tables (an empty diff is not a blind one)
     async with queue.engine.connect() as conn:

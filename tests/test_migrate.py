@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from sqlalchemy import Index, Table, UniqueConstraint, func, insert, select, text, update
+from sqlalchemy import Index, Table, UniqueConstraint, func, insert, inspect, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 from aiojobqueue import JobContext, JobQueue, fanout
@@ -312,8 +312,9 @@ async def test_v5_schema_gains_the_observability_columns(
 
 
 async def test_v6_schema_gains_the_trace_column(make_queue: Callable[..., JobQueue]) -> None:
-    """v7 adds the nullable ``trace`` column to jobs: a v6 database gets it from the upgrade
-    with its jobs intact (they stay NULL and run), and a traced enqueue then fills it."""
+    """v7 adds the nullable ``trace`` column to jobs and, on PostgreSQL and SQLite, the
+    partial index ``ix_waiting``: a v6 database gets them from the upgrade with its jobs
+    intact (they stay NULL and run), and a traced enqueue then fills the column."""
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.util._once import Once
@@ -324,6 +325,8 @@ async def test_v6_schema_gains_the_trace_column(make_queue: Callable[..., JobQue
         old = await q.enqueue("t", {})
         async with q.engine.begin() as conn:  # back to what v6 looked like
             await conn.execute(text(f"ALTER TABLE {J.name} DROP COLUMN trace"))
+            if conn.dialect.name != "mysql":
+                await conn.execute(text(f"DROP INDEX {q.prefix}ix_waiting"))
             await conn.execute(update(M).where(M.c.name == "schema_version").values(value="6"))
 
     q2 = make_queue()
@@ -352,5 +355,10 @@ async def test_v6_schema_gains_the_trace_column(make_queue: Callable[..., JobQue
         await q2.run_until_idle()
         async with q2.engine.connect() as conn:
             stored = dict((await conn.execute(select(J.c.id, J.c.trace))).all())
+            indexes = await conn.run_sync(
+                lambda c: {ix["name"] for ix in inspect(c)
+                           .get_indexes(J.name)})
+            partial = conn.dialect.name != "mysql"
+        assert (f"{q.prefix}ix_waiting" in indexes) == partial
     assert sorted(ran) == [old, new]
     assert stored[old] is None and stored[new]["traceparent"].startswith("00-")
