@@ -15,7 +15,7 @@ and, read from the database at scrape time (fleet-wide, cached ``cache_seconds``
 * ``aiojobqueue_jobs{state,group}``: jobs ``ready``, ``running``, ``scheduled`` and
   ``waiting`` per group. Each count is one index range (the partial state indexes, among
   them ``ix_waiting`` for waiting jobs; on MySQL/MariaDB the leading (state, group_key) of
-  ``ix_running``, which indexes every row there), so its cost follows the live jobs of that
+  a state index, which indexes every row there), so its cost follows the live jobs of that
   state, never the finished ones;
 * ``aiojobqueue_workers``: live workers (heartbeat younger than ``lease_ttl``).
 

@@ -117,8 +117,8 @@ def waiting_index(p: str, jobs: Table) -> Index:
     and SQLite only, partial: a waiting job has an entry while it waits (one more index
     entry at its insert; its release makes the row's new version leave the predicate, so
     none is added then). MySQL/MariaDB have no partial indexes and would index every row:
-    there the count reads ``ix_running``, whose leading (state, group_key) indexes every
-    row already, so it gets no index of its own."""
+    there the count reads the leading (state, group_key) of a state index (``ix_running``,
+    ``ix_ready_weight``), which indexes every row already, so it gets no index of its own."""
     only: Any = ("postgresql", "sqlite")  # (ddl_if takes a tuple; its hint says str)
     return Index(f"{p}ix_waiting", jobs.c.state, jobs.c.group_key,
                  **_partial(WAITING)).ddl_if(dialect=only)
