@@ -2,11 +2,15 @@
 
     git worktree add --detach /tmp/ajq-old 033873a     # the tree before issue 20
     PYTHONPATH=$PWD /work/venv/bin/python bench/obs_ab.py --old /tmp/ajq-old \\
-        [--dbs sqlite,postgresql,mariadb] [--shapes flat,dag] [--conc 10,50] [--rounds 3]
+        [--base TREE] [--dbs sqlite,postgresql,mariadb] [--shapes flat,dag] [--conc 10,50]
+        [--rounds 3]
 
-Three variants, each in a fresh process importing its own ``aiojobqueue``:
+Three variants (four with ``--base``), each in a fresh process importing its own
+``aiojobqueue``:
 
 * ``old``: ``--old`` (no progress, errors history, explain, metrics or tracing);
+* ``base`` (optional): ``--base``, e.g. the commit this branch started from, to tell what
+  the branch costs from what came before it;
 * ``off``: this checkout, OpenTelemetry not configured (the API installed, no provider);
 * ``on``: this checkout with the OpenTelemetry SDK on: a TracerProvider (always sampled)
   whose BatchSpanProcessor hands every span to an exporter that drops it, so the spans are
@@ -18,7 +22,7 @@ on it and a fan-in, each layer depending on the one before), then one worker at 
 drains them (``run_until_idle``): jobs/s from the first start to the last end. A round runs
 the three variants back to back for every (database, shape, C), rotating which goes first;
 reported per cell: the medians of each variant and the median of the per-round ratios
-off / old (the 3% budget) and on / off (the SDK's price).
+off / old (the 3% budget), off / base and on / off (the SDK's price).
 
 Databases: SQLite (a file under a temp dir), PostgreSQL ``AIOJOBQUEUE_TEST_PG`` (default
 postgres@127.0.0.1:5432/test), MariaDB ``AIOJOBQUEUE_TEST_MYSQL`` (root@127.0.0.1:3306/test).
@@ -44,7 +48,6 @@ URLS = {
     "mariadb": os.environ.get("AIOJOBQUEUE_TEST_MYSQL",
                               "mysql+aiomysql://root@127.0.0.1:3306/test"),
 }
-VARIANTS = ("old", "off", "on")
 
 
 def sdk_on() -> None:
@@ -132,6 +135,7 @@ def load() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--old", help="the tree before issue 20")
+    ap.add_argument("--base", help="another tree to compare with (optional)")
     ap.add_argument("--dbs", default="sqlite,postgresql,mariadb")
     ap.add_argument("--shapes", default="flat,dag")
     ap.add_argument("--conc", default="10,50")
@@ -145,33 +149,35 @@ def main() -> None:
         return
     if not a.old:
         ap.error("--old is required")
-    trees = {"old": a.old, "off": ROOT, "on": ROOT}
+    trees = {"old": a.old, **({"base": a.base} if a.base else {}), "off": ROOT, "on": ROOT}
+    variants = tuple(trees)
     cells = [(db, shape, int(c)) for db in a.dbs.split(",") for shape in a.shapes.split(",")
              for c in a.conc.split(",")]
     got: dict[tuple[str, str, int], dict[str, list[float]]] = {
-        cell: {v: [] for v in VARIANTS} for cell in cells}
+        cell: {v: [] for v in variants} for cell in cells}
     loads = [load()]
     for r in range(a.rounds):
         for k, cell in enumerate(cells):
-            order = VARIANTS[(r + k) % 3:] + VARIANTS[:(r + k) % 3]
+            turn = (r + k) % len(variants)
+            order = variants[turn:] + variants[:turn]
             for v in order:
                 got[cell][v].append(one(trees[v], v, *cell, a.n))
             m = got[cell]
-            print(f"  round {r + 1} {cell[0]:10s} {cell[1]:4s} C={cell[2]:<3d} "
-                  f"old {m['old'][-1]:8,.0f}  off {m['off'][-1]:8,.0f}  on {m['on'][-1]:8,.0f}"
+            rates = "  ".join(f"{v} {m[v][-1]:7,.0f}" for v in variants)
+            print(f"  round {r + 1} {cell[0]:10s} {cell[1]:4s} C={cell[2]:<3d} {rates}"
                   f"  (load {load()})", flush=True)
         loads.append(load())
     print(f"\n{a.rounds} rounds of N={a.n:,}; load average (1/5/15 min) at each round's end: "
           + "; ".join(loads))
-    print("\n| database | drain | C | old jobs/s | off jobs/s | on jobs/s | off / old | "
-          "on / off |")
-    print("|---|---|---|---|---|---|---|---|")
+    ratios = [("off", "old"), *([("off", "base")] if a.base else []), ("on", "off")]
+    print("\n| database | drain | C | " + " | ".join(f"{v} jobs/s" for v in variants) + " | "
+          + " | ".join(f"{x} / {y}" for x, y in ratios) + " |")
+    print("|---" * (3 + len(variants) + len(ratios)) + "|")
     for (db, shape, c), m in got.items():
-        med = {v: statistics.median(m[v]) for v in VARIANTS}
-        off_old = statistics.median(o / b for o, b in zip(m["off"], m["old"], strict=True))
-        on_off = statistics.median(o / b for o, b in zip(m["on"], m["off"], strict=True))
-        print(f"| {db} | {shape} | {c} | {med['old']:,.0f} | {med['off']:,.0f} | "
-              f"{med['on']:,.0f} | {off_old:.3f} | {on_off:.3f} |")
+        med = [f"{statistics.median(m[v]):,.0f}" for v in variants]
+        rs = [f"{statistics.median(p / q for p, q in zip(m[x], m[y], strict=True)):.3f}"
+              for x, y in ratios]
+        print(f"| {db} | {shape} | {c} | " + " | ".join(med + rs) + " |")
 
 
 if __name__ == "__main__":
