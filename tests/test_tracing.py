@@ -139,7 +139,7 @@ async def test_spans_cross_processes_through_the_database(
     assert ra["name"] == "aiojobqueue.run ok"
     assert ra["parent"] == _hex(by_id[a].get_span_context())[1]
     assert ra["attributes"] == {
-        "messaging.system": "aiojobqueue", "aiojobqueue.job.id": a,
+        "aiojobqueue.job.id": a,
         "aiojobqueue.job.type": "ok", "aiojobqueue.job.group": "default",
         "aiojobqueue.job.attempt": 1, "aiojobqueue.outcome": "done"}
     for jid in (a2, keyed):
