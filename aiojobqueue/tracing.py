@@ -13,7 +13,8 @@ With a tracer provider configured (``opentelemetry.trace.set_tracer_provider``):
   the same trace. When an attempt fails, its span's context is kept in the column
   (``"first"``, once) and every later attempt's span links to it.
 * Attributes: ``aiojobqueue.job.id``, ``.job.type``, ``.job.group``, ``.job.attempt``,
-  ``aiojobqueue.outcome`` (done | failed | cancelled | released), and on a failure
+  ``aiojobqueue.outcome`` (done | failed | cancelled | released, or lost: the lease was
+  taken from it and nothing was written), and on a failure
   ``aiojobqueue.error.type`` / ``.error.message`` with the span's status set to ERROR.
 
 Without OpenTelemetry installed, with no tracer provider set (the API's default proxy) or

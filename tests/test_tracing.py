@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 from sqlalchemy import select
 
 from aiojobqueue import JobContext, JobQueue
+from aiojobqueue.dialects.mysql import TokenInsert
 
 otel = pytest.importorskip("opentelemetry.sdk.trace")
 from opentelemetry import trace  # noqa: E402
@@ -255,3 +257,21 @@ async def test_a_retry_in_the_same_process_links_to_its_first_attempt(
         assert [lk.context.span_id for lk in s.links] == [first.span_id]
     assert [(s.attributes or {})["aiojobqueue.outcome"] for s in spans] == [
         "failed", "failed", "done"]
+
+
+async def test_the_executemany_insert_paths_store_the_context(
+    make_queue: Callable[..., JobQueue], exporter: InMemorySpanExporter,
+) -> None:
+    """MySQL 8's insert (executemany, ids read back by a token), on any database, and its
+    rows of the rare shape (an absolute run_after) carry the context as the bulk paths do."""
+    q = make_queue()
+    async with q:
+        assert q._inserter is not None and q._core is not None
+        q._inserter.path = TokenInsert(q._core.db.ops)
+        async with q.batch() as b:
+            refs = [b.add("t", {"i": i}) for i in range(3)]
+            later = b.add("t", run_after=datetime.now(UTC) + timedelta(hours=1))
+        stored = await _traces(q)
+    (span,) = exporter.get_finished_spans()
+    for r in [*refs, later]:
+        assert _ids(stored[r.id]["traceparent"]) == _hex(span.get_span_context())
