@@ -76,10 +76,17 @@ CHUNK = 1000
 
 def gauge_queries(tables: S.Tables) -> list[tuple[str, Any]]:
     """(state, statement) per counted state: ``group_key, count(*)`` of that state. The
-    state is a literal, as in the partial indexes' predicates, so a plan can use them."""
+    state is a literal, as in the partial indexes' predicates, so a plan can use them;
+    waiting jobs are counted with all of ``ix_waiting``'s predicate (schema.WAITING_INDEXED)."""
     J = tables.jobs
-    return [(state, select(J.c.group_key, func.count()).where(J.c.state == lit(state))
-             .group_by(J.c.group_key)) for state in GAUGE_STATES]
+    out = []
+    for state in GAUGE_STATES:
+        where = [J.c.state == lit(state)]
+        if state == S.WAITING:
+            where.append(J.c.group_key.is_not(None))
+        out.append((state, select(J.c.group_key, func.count()).where(*where)
+                    .group_by(J.c.group_key)))
+    return out
 
 
 class QueueMetrics:

@@ -112,16 +112,24 @@ def ready_weight_index(p: str, jobs: Table | None = None) -> Index:
                  **_where(f"state = '{READY}' AND weight > 1"))
 
 
+#: The predicate of ``ix_waiting``; statements that count waiting jobs by it say all of it.
+WAITING_INDEXED = f"state = '{WAITING}' AND group_key IS NOT NULL"
+
+
 def waiting_index(p: str, jobs: Table) -> Index:
     """v7: the ``aiojobqueue_jobs{state="waiting"}`` gauge's count per group, on PostgreSQL
     and SQLite only, partial: a waiting job has an entry while it waits (one more index
     entry at its insert; its release makes the row's new version leave the predicate, so
-    none is added then). MySQL/MariaDB have no partial indexes and would index every row:
-    there the count reads the leading (state, group_key) of a state index (``ix_running``,
-    ``ix_ready_weight``), which indexes every row already, so it gets no index of its own."""
+    none is added then). ``group_key IS NOT NULL`` (always true) is in the predicate so
+    that only a statement that says it can use the index: the release's statements
+    (``state = 'waiting' AND id IN (...)``) must stay on the primary key, and on a table
+    not analysed yet PostgreSQL's planner would take this small-looking index for them.
+    MySQL/MariaDB have no partial indexes and would index every row: there the count reads
+    the leading (state, group_key) of a state index (``ix_running``, ``ix_ready_weight``),
+    which indexes every row already, so it gets no index of its own."""
     only: Any = ("postgresql", "sqlite")  # (ddl_if takes a tuple; its hint says str)
-    return Index(f"{p}ix_waiting", jobs.c.state, jobs.c.group_key,
-                 **_partial(WAITING)).ddl_if(dialect=only)
+    return Index(f"{p}ix_waiting", jobs.c.group_key,
+                 **_where(WAITING_INDEXED)).ddl_if(dialect=only)
 
 
 def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None) -> Tables:
