@@ -19,10 +19,13 @@ Three variants (four with ``--base``), each in a fresh process importing its own
 Each measurement: a fresh table prefix, ``--n`` no-op jobs enqueued (``flat``: batches of
 1,000; ``dag``: bench/run.py's shape, 20 layers of a container holding a head, a fan-out
 on it and a fan-in, each layer depending on the one before), then one worker at capacity C
-drains them (``run_until_idle``): jobs/s from the first start to the last end. A round runs
-the three variants back to back for every (database, shape, C), rotating which goes first;
-reported per cell: the medians of each variant and the median of the per-round ratios
-off / old (the 3% budget), off / base and on / off (the SDK's price).
+drains them (``run_until_idle``): jobs/s from the first start to the last end, and the
+worker process's CPU time per job over the same span (all of it on SQLite; the client's
+share on the servers). A round runs the variants back to back for every (database, shape,
+C), rotating which goes first; reported per cell: the medians of each variant and the
+median of the per-round ratios off / old (the 3% budget), off / base and on / off (the
+SDK's price), for the rate and for the CPU per job. On a loaded machine the wall-clock
+rate swings by tens of per cent between runs; the CPU per job much less.
 
 Databases: SQLite (a file under a temp dir), PostgreSQL ``AIOJOBQUEUE_TEST_PG`` (default
 postgres@127.0.0.1:5432/test), MariaDB ``AIOJOBQUEUE_TEST_MYSQL`` (root@127.0.0.1:3306/test).
@@ -92,20 +95,22 @@ async def build(q: Any, n: int, dag: bool) -> int:
     return total
 
 
-async def child(db: str, shape: str, conc: int, n: int, otel: bool) -> float:
+async def child(db: str, shape: str, conc: int, n: int, otel: bool) -> tuple[float, float]:
+    """(jobs/s, CPU microseconds of this process per job) of one drain."""
     from aiojobqueue import JobQueue
 
     if otel:
         sdk_on()
     url = URLS.get(db) or f"sqlite+aiosqlite:///{tempfile.mkdtemp()}/ab.db"
     q = JobQueue(url, prefix=f"ab{uuid.uuid4().hex[:8]}_", capacity=conc)
-    marks: list[float] = []
+    marks: list[tuple[float, float]] = []
 
     @q.handler("noop")
     async def noop(ctx: Any) -> None:
+        now = (time.perf_counter(), time.process_time())
         if not marks:
-            marks.append(time.perf_counter())
-        marks[1:] = [time.perf_counter()]
+            marks.append(now)
+        marks[1:] = [now]
 
     async with q:
         try:
@@ -114,10 +119,12 @@ async def child(db: str, shape: str, conc: int, n: int, otel: bool) -> float:
         finally:
             async with q.engine.begin() as conn:
                 await conn.run_sync(q._t.metadata.drop_all)
-    return total / (marks[-1] - marks[0])
+    (t0, c0), (t1, c1) = marks[0], marks[-1]
+    return total / (t1 - t0), (c1 - c0) / total * 1e6
 
 
-def one(tree: str, variant: str, db: str, shape: str, conc: int, n: int) -> float:
+def one(tree: str, variant: str, db: str, shape: str, conc: int, n: int
+        ) -> tuple[float, float]:
     """One drain in a fresh process importing aiojobqueue from ``tree``."""
     env = {**os.environ, "PYTHONPATH": tree}
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--dbs", db, "--shapes",
@@ -125,7 +132,8 @@ def one(tree: str, variant: str, db: str, shape: str, conc: int, n: int) -> floa
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if out.returncode:
         raise SystemExit(f"{variant} {db} {shape} C={conc}: {out.stderr[-2000:]}")
-    return float(out.stdout.split()[-1])
+    rate, cpu = out.stdout.split()[-2:]
+    return float(rate), float(cpu)
 
 
 def load() -> str:
@@ -145,7 +153,8 @@ def main() -> None:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        print(f"{asyncio.run(child(a.dbs, a.shapes, int(a.conc), a.n, a.otel)):.3f}")
+        rate, cpu = asyncio.run(child(a.dbs, a.shapes, int(a.conc), a.n, a.otel))
+        print(f"{rate:.3f} {cpu:.3f}")
         return
     if not a.old:
         ap.error("--old is required")
@@ -153,7 +162,7 @@ def main() -> None:
     variants = tuple(trees)
     cells = [(db, shape, int(c)) for db in a.dbs.split(",") for shape in a.shapes.split(",")
              for c in a.conc.split(",")]
-    got: dict[tuple[str, str, int], dict[str, list[float]]] = {
+    got: dict[tuple[str, str, int], dict[str, list[tuple[float, float]]]] = {
         cell: {v: [] for v in variants} for cell in cells}
     loads = [load()]
     for r in range(a.rounds):
@@ -163,21 +172,23 @@ def main() -> None:
             for v in order:
                 got[cell][v].append(one(trees[v], v, *cell, a.n))
             m = got[cell]
-            rates = "  ".join(f"{v} {m[v][-1]:7,.0f}" for v in variants)
+            rates = "  ".join(f"{v} {m[v][-1][0]:7,.0f}/s {m[v][-1][1]:5.0f}us"
+                              for v in variants)
             print(f"  round {r + 1} {cell[0]:10s} {cell[1]:4s} C={cell[2]:<3d} {rates}"
                   f"  (load {load()})", flush=True)
         loads.append(load())
     print(f"\n{a.rounds} rounds of N={a.n:,}; load average (1/5/15 min) at each round's end: "
           + "; ".join(loads))
     ratios = [("off", "old"), *([("off", "base")] if a.base else []), ("on", "off")]
-    print("\n| database | drain | C | " + " | ".join(f"{v} jobs/s" for v in variants) + " | "
-          + " | ".join(f"{x} / {y}" for x, y in ratios) + " |")
-    print("|---" * (3 + len(variants) + len(ratios)) + "|")
-    for (db, shape, c), m in got.items():
-        med = [f"{statistics.median(m[v]):,.0f}" for v in variants]
-        rs = [f"{statistics.median(p / q for p, q in zip(m[x], m[y], strict=True)):.3f}"
-              for x, y in ratios]
-        print(f"| {db} | {shape} | {c} | " + " | ".join(med + rs) + " |")
+    for k, (what, fmt) in enumerate((("jobs/s", "{:,.0f}"), ("CPU us/job", "{:,.1f}"))):
+        print("\n| database | drain | C | " + " | ".join(f"{v} {what}" for v in variants)
+              + " | " + " | ".join(f"{x} / {y}" for x, y in ratios) + " |")
+        print("|---" * (3 + len(variants) + len(ratios)) + "|")
+        for (db, shape, c), m in got.items():
+            med = [fmt.format(statistics.median(r[k] for r in m[v])) for v in variants]
+            rs = [f"{statistics.median(p[k] / q[k] for p, q in zip(m[x], m[y], strict=True)):.3f}"
+                  for x, y in ratios]
+            print(f"| {db} | {shape} | {c} | " + " | ".join(med + rs) + " |")
 
 
 if __name__ == "__main__":
