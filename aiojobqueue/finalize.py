@@ -240,10 +240,9 @@ class Finalizer:
                 # a success writes no history); the row is locked above
                 errors = await history.with_failure(conn, J, o.job_id, o.attempt, o.error,
                                                     o.owner)
-                if o.trace is not None:
-                    errors_and = {"errors": errors, "trace": o.trace}
-                else:
-                    errors_and = {"errors": errors}
+                # a traced failure keeps its span for the retry's link (aiojobqueue.tracing)
+                errors_and = {"errors": errors} if o.trace is None else {
+                    "errors": errors, "trace": o.trace}
                 if o.retryable and row.attempts < row.attempt_limit:
                     delay = backoff(row.attempts, self.settings.retry_backoff,
                                     self.settings.retry_backoff_max)
