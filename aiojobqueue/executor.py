@@ -138,15 +138,12 @@ def _error(
 Reasons = dict[tuple[int, int], str]
 
 
-async def run_attempt(core: Core, c: Claimed, reasons: Reasons) -> Outcome | None:
+async def run_attempt(core: Core, c: Claimed, reasons: Reasons,
+                      traced: bool = False) -> Outcome | None:
     """``_attempt()``; a progress report it held back lands before the outcome is returned.
-    Traced where OpenTelemetry records (aiojobqueue.tracing)."""
-    if tracing.tracer() is None:
-        return await _run_attempt(core, c, reasons)
-    return await tracing.traced_attempt(c, lambda: _run_attempt(core, c, reasons))
-
-
-async def _run_attempt(core: Core, c: Claimed, reasons: Reasons) -> Outcome | None:
+    Traced where OpenTelemetry records (aiojobqueue.tracing; ``traced``: inside its span)."""
+    if not traced and tracing.tracer() is not None:
+        return await tracing.traced_attempt(c, lambda: run_attempt(core, c, reasons, True))
     ctx = core.make_context(c)
     try:
         outcome = await _attempt(core, c, reasons, ctx)

@@ -42,19 +42,16 @@ class Inserter:
         self.path: InsertPath = db.ops.insert_path()
 
     async def insert(
-        self, specs: list[_Spec], connection: AsyncConnection | AsyncSession | None
+        self, specs: list[_Spec], connection: AsyncConnection | AsyncSession | None,
+        traced: bool = False,
     ) -> list[int]:
         """Insert ``specs``: on ``connection`` (the caller's transaction) if given, else in a
         transaction of their own (a race on a key with a concurrent insert: looked at
         again), waking the local worker when one of them is ready. Traced where
-        OpenTelemetry records (aiojobqueue.tracing)."""
-        if tracing.tracer() is None:  # (no span, and no coroutine more, when not traced)
-            return await self._insert(specs, connection)
-        return await tracing.traced_insert(specs, lambda: self._insert(specs, connection))
-
-    async def _insert(
-        self, specs: list[_Spec], connection: AsyncConnection | AsyncSession | None
-    ) -> list[int]:
+        OpenTelemetry records (aiojobqueue.tracing; ``traced``: inside its span)."""
+        if not traced and tracing.tracer() is not None:
+            return await tracing.traced_insert(
+                specs, lambda: self.insert(specs, connection, True))
         if connection is not None:
             if isinstance(connection, AsyncSession):
                 conn = await connection.connection()

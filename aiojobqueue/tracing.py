@@ -26,6 +26,7 @@ provider, once per enqueue call and per attempt.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -58,6 +59,9 @@ _W3C: Any = TraceContextTextMapPropagator() if trace is not None else None
 # (the provider the cached tracer came from, the tracer): get_tracer() builds a new Tracer
 # on every call on the SDK, so one is kept per provider
 _cached: tuple[Any, Any] = (None, None)
+_UNKNOWN = object()
+#: A tracer provider named by environment variable (the API loads it on first use).
+_FROM_ENV = trace is not None and "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
 #: Parent contexts by stored carrier: a batch's jobs share one, and parsing it is a fifth
 #: of an attempt's span cost. Cleared when full.
 _parents: dict[Any, Any] = {}
@@ -70,7 +74,14 @@ def tracer() -> Any:
     global _cached
     if trace is None:
         return None
-    provider = trace.get_tracer_provider()
+    # The API's global, read directly: get_tracer_provider() looks in os.environ on every
+    # call while none is set (1-2 us, per enqueue and per attempt, a few per cent of a
+    # job); it is only needed where a provider is named by environment variable.
+    provider: Any = getattr(trace, "_TRACER_PROVIDER", _UNKNOWN)
+    if provider is None and not _FROM_ENV:
+        return None
+    if provider is None or provider is _UNKNOWN:
+        provider = trace.get_tracer_provider()
     if provider is _cached[0]:
         return _cached[1]
     if isinstance(provider, (ProxyTracerProvider, NoOpTracerProvider)):
