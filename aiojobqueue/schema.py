@@ -128,7 +128,8 @@ def waiting_index(p: str, jobs: Table) -> Index:
     the leading (state, group_key) of a state index (``ix_running``, ``ix_ready_weight``),
     which indexes every row already, so it gets no index of its own."""
     only: Any = ("postgresql", "sqlite")  # (ddl_if takes a tuple; its hint says str)
-    return Index(f"{p}ix_waiting", jobs.c.group_key,
+    # (state after group_key: the count is covered by the index on SQLite too)
+    return Index(f"{p}ix_waiting", jobs.c.group_key, jobs.c.state,
                  **_where(WAITING_INDEXED)).ddl_if(dialect=only)
 
 
