@@ -96,6 +96,8 @@ class _Spec:
     state: str = ""
     pending: int = 0
     cancelled_by: int | None = None
+    #: the enqueuer's W3C trace context as JSON text (aiojobqueue.tracing), else None
+    trace: str | None = None
 
 
 class Batch:

@@ -49,6 +49,8 @@ class Claimed:
     #: An edge pointed at this job when it was leased (the flag is never cleared): its
     #: finalize must release dependents, so it skips the one-statement path.
     has_dependents: bool = False
+    #: The W3C trace context stored with the job (aiojobqueue.tracing), usually None.
+    trace: Any = None
 
 
 #: At most one promotion sweep per this many seconds per worker (capped by poll_interval):
@@ -314,7 +316,7 @@ def claim_columns(t: S.Tables) -> tuple[Any, ...]:
     """What a lease returns, in the order Claimed is built from (see claimed_rows)."""
     J = t.jobs
     return (J.c.id, J.c.type, J.c.args, J.c.attempts, J.c.group_key, J.c.timeout,
-            J.c.checkpoint, J.c.parent_id, J.c.priority, J.c.has_dependents)
+            J.c.checkpoint, J.c.parent_id, J.c.priority, J.c.has_dependents, J.c.trace)
 
 
 def pick_and_lease_stmt(db: Database, group: Any, n: Any, of_types: Any,
@@ -498,7 +500,8 @@ def claimed_rows(rows: list[Any]) -> list[Claimed]:
     prefetched job starts after the better ones claimed with it). By position: a Row's
     attribute look-up costs more, and this runs for every job."""
     rows = sorted(rows, key=lambda r: (-r[8], r[0]))
-    return [Claimed(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], bool(r[9])) for r in rows]
+    return [Claimed(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], bool(r[9]), r[10])
+            for r in rows]
 
 
 class Claimer:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select, update
 
-from . import progress
+from . import progress, tracing
 from . import schema as S
 from .batch import Batch, check_json
 from .claim import Claimed
@@ -138,8 +138,12 @@ def _error(
 Reasons = dict[tuple[int, int], str]
 
 
-async def run_attempt(core: Core, c: Claimed, reasons: Reasons) -> Outcome | None:
-    """``_attempt()``; a progress report it held back lands before the outcome is returned."""
+async def run_attempt(core: Core, c: Claimed, reasons: Reasons,
+                      traced: bool = False) -> Outcome | None:
+    """``_attempt()``; a progress report it held back lands before the outcome is returned.
+    Traced where OpenTelemetry records (aiojobqueue.tracing; ``traced``: inside its span)."""
+    if not traced and tracing.tracer() is not None:
+        return await tracing.traced_attempt(c, lambda: run_attempt(core, c, reasons, True))
     ctx = core.make_context(c)
     try:
         outcome = await _attempt(core, c, reasons, ctx)

@@ -47,6 +47,9 @@ class Outcome:
     retryable: bool = True
     #: Set by finish_detailed() on a ``retry``: the backoff delay in seconds.
     retry_in: float | None = None
+    #: A failure's new ``trace`` value (the first traced attempt's span added, for the
+    #: retry's link: aiojobqueue.tracing); None leaves the column as it is.
+    trace: dict[str, Any] | None = None
 
 
 def plain_stmt(db: Database, alone: bool, ids: IdsMatch | None = None, attempt: Any = None,
@@ -237,6 +240,9 @@ class Finalizer:
                 # a success writes no history); the row is locked above
                 errors = await history.with_failure(conn, J, o.job_id, o.attempt, o.error,
                                                     o.owner)
+                # a traced failure keeps its span for the retry's link (aiojobqueue.tracing)
+                errors_and = {"errors": errors} if o.trace is None else {
+                    "errors": errors, "trace": o.trace}
                 if o.retryable and row.attempts < row.attempt_limit:
                     delay = backoff(row.attempts, self.settings.retry_backoff,
                                     self.settings.retry_backoff_max)
@@ -244,14 +250,14 @@ class Finalizer:
                     await conn.execute(
                         update(J).where(J.c.id == o.job_id).values(
                             state=S.SCHEDULED, error=o.error, run_after=utcnow_plus(delay),
-                            errors=errors, **cleared,
+                            **errors_and, **cleared,
                         )
                     )
                 else:
                     await conn.execute(
                         update(J).where(J.c.id == o.job_id).values(
                             state=S.FAILED, error=o.error, finished_at=now, live_key=None,
-                            errors=errors, **cleared,
+                            **errors_and, **cleared,
                         )
                     )
                     finished.append((o.job_id, S.FAILED))

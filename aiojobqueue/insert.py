@@ -15,6 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from . import schema as S
+from . import tracing
 from .batch import JobRef, Node, Ref, _Spec
 from .claim import Claimer
 from .core import Signals
@@ -41,11 +42,16 @@ class Inserter:
         self.path: InsertPath = db.ops.insert_path()
 
     async def insert(
-        self, specs: list[_Spec], connection: AsyncConnection | AsyncSession | None
+        self, specs: list[_Spec], connection: AsyncConnection | AsyncSession | None,
+        traced: bool = False,
     ) -> list[int]:
         """Insert ``specs``: on ``connection`` (the caller's transaction) if given, else in a
         transaction of their own (a race on a key with a concurrent insert: looked at
-        again), waking the local worker when one of them is ready."""
+        again), waking the local worker when one of them is ready. Traced where
+        OpenTelemetry records (aiojobqueue.tracing; ``traced``: inside its span)."""
+        if not traced and tracing.tracer() is not None:
+            return await tracing.traced_insert(
+                specs, lambda: self.insert(specs, connection, True))
         if connection is not None:
             if isinstance(connection, AsyncSession):
                 conn = await connection.connection()
@@ -290,6 +296,7 @@ def _columns(
         "delay": delay,
         "run_at": run_at,
         "dead": [s.state == S.CANCELLED for s in level],
+        "trace": [s.trace for s in level],  # NULL unless tracing.traced_insert set it
     }
 
 
@@ -320,6 +327,7 @@ def _rows(cols: JobColumns) -> list[dict[str, Any]]:
             "cancelled_by": cols["cancelled_by"][i],
             "has_dependents": cols["has_dependents"][i],
             "error_json": cols["error"][i],
+            "trace_json": cols["trace"][i],
         })
     return out
 
@@ -329,7 +337,8 @@ def _insert_stmt(db: Database, **values: Any) -> Any:
     encoding by the JSON type)."""
     as_json = db.ops.json_param
     return insert(db.t.jobs).values(
-        args=as_json("args_json"), error=as_json("error_json"), **values
+        args=as_json("args_json"), error=as_json("error_json"), trace=as_json("trace_json"),
+        **values
     )
 
 

@@ -12,11 +12,12 @@
 
 and, read from the database at scrape time (fleet-wide, cached ``cache_seconds``):
 
-* ``aiojobqueue_jobs{state,group}``: jobs ``ready``, ``running`` and ``scheduled`` per group.
-  Each count is one index range (the partial state indexes; on MySQL/MariaDB the state
-  indexes' leading columns), so its cost follows the live jobs, never the finished ones.
-  ``waiting`` jobs have no state index (one would cost every DAG insert an entry), so they
-  are not counted here; ``aiojobqueue status`` counts them;
+* ``aiojobqueue_jobs{state,group}``: jobs ``ready``, ``running``, ``scheduled`` and
+  ``waiting`` per group. Each count is one index range (the partial state indexes, among
+  them ``ix_waiting_group`` for waiting jobs,
+  schema.overview_indexes; on MySQL/MariaDB the leading (state, group_key) of
+  a state index, which indexes every row there), so its cost follows the live jobs of that
+  state, never the finished ones;
 * ``aiojobqueue_workers``: live workers (heartbeat younger than ``lease_ttl``).
 
 A scrape runs in the HTTP server's thread; the database is the queue's, whose connections
@@ -51,7 +52,7 @@ from . import schema as S
 from .errors import ConfigurationError
 from .hooks import JobEvent
 from .logs import brief
-from .sql import lit
+from .sql import in_state
 from .timeutil import utcnow_plus
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ log = logging.getLogger("aiojobqueue.metrics")
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
            120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, float("inf"))
 #: The states the ``aiojobqueue_jobs`` gauge counts (see the module docstring).
-GAUGE_STATES = (S.READY, S.RUNNING, S.SCHEDULED)
+GAUGE_STATES = (S.READY, S.RUNNING, S.SCHEDULED, S.WAITING)
 #: Started jobs' times are read in one batch at most this often (for the wait histogram).
 WAIT_EVERY = 1.0
 CHUNK = 1000
@@ -76,9 +77,10 @@ CHUNK = 1000
 
 def gauge_queries(tables: S.Tables) -> list[tuple[str, Any]]:
     """(state, statement) per counted state: ``group_key, count(*)`` of that state. The
-    state is a literal, as in the partial indexes' predicates, so a plan can use them."""
+    state is a literal, as in the partial indexes' predicates, so a plan can use them;
+    waiting jobs with all of ``ix_waiting_group``'s predicate (sql.in_state)."""
     J = tables.jobs
-    return [(state, select(J.c.group_key, func.count()).where(J.c.state == lit(state))
+    return [(state, select(J.c.group_key, func.count()).where(*in_state(J, state))
              .group_by(J.c.group_key)) for state in GAUGE_STATES]
 
 
@@ -295,8 +297,8 @@ class _Gauges(Collector):
 
 
 def _jobs_family() -> GaugeMetricFamily:
-    return GaugeMetricFamily("aiojobqueue_jobs", "Jobs ready, running and scheduled, per group "
-                             "(the whole database)", labels=["state", "group"])
+    return GaugeMetricFamily("aiojobqueue_jobs", "Jobs ready, running, scheduled and waiting, "
+                             "per group (the whole database)", labels=["state", "group"])
 
 
 def _workers_family() -> GaugeMetricFamily:

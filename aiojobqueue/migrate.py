@@ -224,21 +224,32 @@ async def _v5_to_v6(db: Database) -> None:
 
 
 async def _v6_to_v7(db: Database) -> None:
-    """v7: the dashboard overview's partial indexes (schema.overview_indexes), PostgreSQL
-    and SQLite only. Each is built if missing: a read of the table under a lock that holds
-    writes back meanwhile (seconds at a million rows; the rows indexed are few)."""
-    if not db.ops.partial_indexes():
-        return
+    """v7: the nullable ``trace`` column on jobs (the W3C trace context that
+    aiojobqueue.tracing stores with a traced enqueue; no row is rewritten) and, on
+    PostgreSQL and SQLite, the dashboard's and the waiting gauge's partial indexes
+    (schema.overview_indexes; each a pass over the table, the rows indexed few). Each is
+    added only if missing, under the gate's lock (one process migrates; the others wait,
+    then find them)."""
+    J = db.t.jobs
     names = {ix.name for ix in overview_indexes(_prefix(db))}
-    todo = sorted((ix for ix in db.t.jobs.indexes if ix.name in names), key=str)
+    todo = sorted((ix for ix in J.indexes if ix.name in names), key=str)
     async with db.engine.begin() as conn:
-        await db.ops.lock_gate(conn)  # one process builds them; the others wait, then see them
+        await db.ops.lock_gate(conn)
 
-        def create(sync_conn: Any) -> None:
-            for ix in todo:
-                ix.create(sync_conn, checkfirst=True)
+        def columns(sync_conn: Any) -> set[str]:
+            from sqlalchemy import inspect
 
-        await conn.run_sync(create)
+            return {c["name"] for c in inspect(sync_conn).get_columns(J.name)}
+
+        if "trace" not in await conn.run_sync(columns):
+            kind = J.c.trace.type.compile(dialect=conn.dialect)
+            await conn.execute(text(f"ALTER TABLE {J.name} ADD COLUMN trace {kind}"))
+        if db.ops.partial_indexes():
+            def create(sync_conn: Any) -> None:
+                for ix in todo:
+                    ix.create(sync_conn, checkfirst=True)
+
+            await conn.run_sync(create)
 
 
 @dataclass(frozen=True)

@@ -127,7 +127,8 @@ OVERVIEW_DIALECTS = ("postgresql", "sqlite")
 
 def overview_indexes(p: str, jobs: Table | None = None) -> list[Index]:
     """v7: the dashboard overview's per-group counts of waiting, scheduled and failed jobs
-    (web/data.py) as bounded index probes instead of a read of every such row. Partial, so
+    (web/data.py), and the metrics' count of waiting ones (metrics.gauge_queries), as
+    bounded index probes instead of a read of every such row. Partial, so
     they cost an entry only to the rows in that state: a waiting job's insert (a DAG's
     dependents), a scheduled one's, a failure; leaving the state adds none on PostgreSQL.
     PostgreSQL and SQLite only: on MySQL/MariaDB, which index every row, ``ix_ready``
@@ -175,6 +176,9 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         # failed attempts (aiojobqueue.history); NULL for most jobs, so no cost to them.
         Column("progress", _Json),
         Column("errors", _Json),
+        # v7: the W3C trace context of the enqueuer's span (aiojobqueue.tracing), and the
+        # first attempt's once one failed; NULL unless OpenTelemetry traced the enqueue.
+        Column("trace", _Json),
         Column("parent_id", _Id),
         Column("group_key", String(200), nullable=False),
         Column("weight", Integer, nullable=False, server_default="1"),

@@ -42,7 +42,7 @@ WakeCallback = Callable[[str], None]
 
 #: Jobs to insert as one list per field (see DialectOps.insert_jobs): type, kind, state,
 #: args (JSON text), parent_id, group_key, weight, priority, pending, max_attempts, timeout,
-#: key, cancelled_by, has_dependents, error (JSON text or None); and the times: delay
+#: key, cancelled_by, has_dependents, error and trace (JSON text or None); and the times: delay
 #: (seconds from the database's now, or None) or run_at (an absolute run_after); dead (born
 #: cancelled: finished now, no live_key). attempts start at 0, attempt_limit = max_attempts.
 JobColumns = dict[str, list[Any]]
@@ -51,7 +51,7 @@ EDGE_CHUNK = 2500
 JOB_FIELDS = (
     "type", "kind", "state", "args", "parent_id", "group_key", "weight", "priority", "pending",
     "max_attempts", "timeout", "key", "cancelled_by", "has_dependents", "error", "delay",
-    "run_at", "dead",
+    "run_at", "dead", "trace",
 )
 
 

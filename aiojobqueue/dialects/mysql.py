@@ -174,7 +174,7 @@ class MySQLOps(DialectOps):
         "weight": "INT", "priority": "INT", "pending": "INT", "max_attempts": "INT",
         "timeout": "DOUBLE", "key": "VARCHAR(255)", "cancelled_by": "BIGINT",
         "has_dependents": "INT", "error": "LONGTEXT", "delay": "DOUBLE",
-        "run_at": "DATETIME(6)", "dead": "INT",
+        "run_at": "DATETIME(6)", "dead": "INT", "trace": "LONGTEXT",
     }
 
     async def insert_jobs(
@@ -223,13 +223,14 @@ class MySQLOps(DialectOps):
 INSERT INTO `{self.t.jobs.name}` (`type`, `kind`, `state`, `args`, `parent_id`, `group_key`,
     `weight`, `priority`, `pending`, `run_after`, `attempts`, `max_attempts`, `attempt_limit`,
     `timeout`, `key`, `live_key`, `cancelled_by`, `has_dependents`, `error`, `created_at`,
-    `finished_at`)
+    `finished_at`, `trace`)
 SELECT {f["type"]}, {f["kind"]}, {f["state"]}, {f["args"]}, {f["parent_id"]}, {f["group_key"]},
     {f["weight"]}, {f["priority"]}, {f["pending"]},
     COALESCE({f["run_at"]}, DATE_ADD({now}, INTERVAL {delay} MICROSECOND)), 0,
     {f["max_attempts"]}, {f["max_attempts"]}, {f["timeout"]}, {f["key"]},
     CASE WHEN {f["dead"]} THEN NULL ELSE {f["key"]} END, {f["cancelled_by"]},
-    {f["has_dependents"]}, {f["error"]}, {now}, CASE WHEN {f["dead"]} THEN {now} END
+    {f["has_dependents"]}, {f["error"]}, {now}, CASE WHEN {f["dead"]} THEN {now} END,
+    {f["trace"]}
 FROM JSON_TABLE(%(rows)s, '$[*]' COLUMNS (ord FOR ORDINALITY, {columns})) AS u
 ORDER BY u.ord
 RETURNING id"""

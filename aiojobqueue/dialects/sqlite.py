@@ -304,13 +304,13 @@ class SQLiteOps(DialectOps):
         return f"""
 INSERT INTO "{self.t.jobs.name}" (type, kind, state, args, parent_id, group_key, weight, priority,
     pending, run_after, attempts, max_attempts, attempt_limit, timeout, key, live_key,
-    cancelled_by, has_dependents, error, created_at, finished_at)
+    cancelled_by, has_dependents, error, created_at, finished_at, trace)
 SELECT {f["type"]}, {f["kind"]}, {f["state"]}, {f["args"]}, {f["parent_id"]}, {f["group_key"]},
     {f["weight"]}, {f["priority"]}, {f["pending"]},
     COALESCE({f["run_at"]}, {now} + {f["delay"]}), 0, {f["max_attempts"]}, {f["max_attempts"]},
     {f["timeout"]}, {f["key"]}, CASE WHEN {f["dead"]} THEN NULL ELSE {f["key"]} END,
     {f["cancelled_by"]}, {f["has_dependents"]}, {f["error"]}, {now},
-    CASE WHEN {f["dead"]} THEN {now} END
+    CASE WHEN {f["dead"]} THEN {now} END, {f["trace"]}
 FROM json_each(:rows) ORDER BY json_each.key
 RETURNING id"""
 

@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from .. import schema as S
 from ..limits import RateLimit
 from ..policy import GroupDemand, fair_share
+from ..sql import in_state
 from ..timeutil import UTCDateTime, as_utc, db_now, utcnow_plus
 from . import views as V
 from .reader import Reader, first_row, min_cap
@@ -28,7 +29,6 @@ from .views import (
     GroupRow,
     Overview,
     count_of,
-    in_state,
     lit,
 )
 

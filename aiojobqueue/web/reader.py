@@ -10,8 +10,8 @@ from sqlalchemy import func, literal, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .. import schema as S
+from ..sql import in_state
 from . import views as V
-from .views import in_state
 
 if TYPE_CHECKING:
     from ..queue import JobQueue

@@ -48,15 +48,6 @@ CANCELLABLE = S.LIVE
 MAX_TEXT = 200
 
 
-def in_state(jobs: Any, state: str) -> list[Any]:
-    """The terms that select the rows of ``state``, as the state's partial indexes want
-    them (``schema.OVERVIEW_EXTRA``)."""
-    terms = [jobs.c.state == lit(state)]
-    if state == S.WAITING:
-        terms.append(jobs.c.pending > literal_column("0"))
-    return terms
-
-
 def lit(state: str) -> Any:
     """A known state as a SQL literal (a bind parameter would not match a partial index)."""
     if state not in STATES:  # pragma: no cover - callers pass constants or checked input

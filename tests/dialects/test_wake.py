@@ -13,8 +13,8 @@ import asyncio
 import os
 import sys
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest

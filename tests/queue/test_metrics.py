@@ -140,6 +140,11 @@ async def test_gauges_are_read_from_a_scrape_thread(make_queue: Callable[..., Jo
         await q.enqueue("nobody", group="b")
         await q.enqueue("t", run_after=timedelta(hours=1))
         running = await q.enqueue("t", group="c")
+        await q.enqueue("nobody", group="d", depends_on=[running])  # waiting
+        async with q.batch() as b:  # a container's children wait for it to start
+            box = b.container("box", group="d", depends_on=[running])
+            b.add("nobody", parent=box)
+            b.add("nobody", parent=box)
         reads: list[str] = []
 
         def spy(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
@@ -154,6 +159,7 @@ async def test_gauges_are_read_from_a_scrape_thread(make_queue: Callable[..., Jo
                 ("aiojobqueue_jobs", "b", "ready"): 2.0,
                 ("aiojobqueue_jobs", "c", "running"): 1.0,
                 ("aiojobqueue_jobs", "default", "scheduled"): 1.0,
+                ("aiojobqueue_jobs", "d", "waiting"): 4.0,  # the container counts too
                 ("aiojobqueue_workers",): 1.0,
             }
 
@@ -166,7 +172,7 @@ async def test_gauges_are_read_from_a_scrape_thread(make_queue: Callable[..., Jo
             before = len(reads)
             for _ in range(3):
                 await asyncio.to_thread(scrape, reg)
-            assert len(reads) - before == 3  # one read: three statements
+            assert len(reads) - before == 4  # one read: a statement per state
             text = (await asyncio.to_thread(generate_latest, reg)).decode()
             assert 'aiojobqueue_jobs{group="b",state="ready"} 2.0' in text
             # from the loop's own thread: no wait on itself; the counts it schedules land

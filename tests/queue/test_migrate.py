@@ -311,12 +311,18 @@ async def test_v5_schema_gains_the_observability_columns(
         assert {"types", "capacity", "config"} <= have[W.name]
 
 
-async def test_v6_schema_gains_the_overview_indexes(
+async def test_v6_schema_gains_the_trace_column_and_the_overview_indexes(
     make_queue: Callable[..., JobQueue],
 ) -> None:
-    """v7 adds the dashboard overview's partial indexes by (state, group_key) for waiting,
-    scheduled and failed jobs on PostgreSQL and SQLite: a v6 database gets them from the
-    upgrade with its jobs intact. MySQL/MariaDB get none (their indexes cover every row)."""
+    """v7 adds the nullable ``trace`` column to jobs and, on PostgreSQL and SQLite, the
+    partial indexes by (state, group_key) for waiting, scheduled and failed jobs
+    (schema.overview_indexes): a v6 database gets them from the upgrade with its jobs
+    intact (they stay NULL and run), and a traced enqueue then fills the column.
+    MySQL/MariaDB get no such index (their indexes cover every row)."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.util._once import Once
+
     q = make_queue()
     names = {f"{q.prefix}ix_{s}_group" for s in OVERVIEW_COUNTED}
 
@@ -324,18 +330,31 @@ async def test_v6_schema_gains_the_overview_indexes(
         return {ix["name"] for ix in inspect(sync_conn).get_indexes(f"{q.prefix}jobs")}
 
     async with q:
-        M = q._t.meta
-        jid = await q.enqueue("t", {})
-        async with q.engine.begin() as conn:
+        J, M = q._t.jobs, q._t.meta
+        old = await q.enqueue("t", {})
+        async with q.engine.begin() as conn:  # back to what v6 looked like
             partial = conn.dialect.name in ("postgresql", "sqlite")
             have = await conn.run_sync(indexes)
             assert (have & names) == (names if partial else set())
-            for name in have & names:  # back to what v6 looked like
+            for name in have & names:
                 await conn.execute(text(f"DROP INDEX {name}"))
+            await conn.execute(text(f"ALTER TABLE {J.name} DROP COLUMN trace"))
             await conn.execute(update(M).where(M.c.name == "schema_version").values(value="6"))
             assert not await conn.run_sync(indexes) & names
 
     q2 = make_queue()
+    ran: list[int] = []
+
+    @q2.handler("t")
+    async def t(ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    def provider(p: TracerProvider | None) -> None:
+        trace._TRACER_PROVIDER_SET_ONCE = Once()  # type: ignore[attr-defined]
+        trace._TRACER_PROVIDER = None  # type: ignore[attr-defined]
+        if p is not None:
+            trace.set_tracer_provider(p)
+
     async with q2:  # upgrades
         async with q2.engine.connect() as conn:
             v = (await conn.execute(select(M.c.value).where(M.c.name == "schema_version"))
@@ -343,4 +362,13 @@ async def test_v6_schema_gains_the_overview_indexes(
             assert v == str(SCHEMA_VERSION) == "7"
             have = await conn.run_sync(indexes)
         assert (have & names) == (names if partial else set())
-        assert (await q2.get(jid)).state == "ready"
+        provider(TracerProvider())
+        try:
+            new = await q2.enqueue("t", {})
+        finally:
+            provider(None)
+        await q2.run_until_idle()
+        async with q2.engine.connect() as conn:
+            stored = dict((await conn.execute(select(J.c.id, J.c.trace))).all())
+    assert sorted(ran) == [old, new]
+    assert stored[old] is None and stored[new]["traceparent"].startswith("00-")

@@ -12,6 +12,7 @@ from webkit import SAME, client, failing_queue, small_dag
 
 from aiojobqueue import JobQueue
 from aiojobqueue.errors import ConfigurationError
+from aiojobqueue.sql import in_state
 from aiojobqueue.web import dashboard
 from aiojobqueue.web import data as Q
 from aiojobqueue.web import views as V
@@ -418,7 +419,7 @@ async def test_every_overview_count_is_an_index_probe(
             if conn.dialect.name == "sqlite":
                 for state in ("waiting", "scheduled", "failed"):
                     stmt = (select(q._t.jobs.c.group_key, func.count())
-                            .where(*V.in_state(q._t.jobs, state))
+                            .where(*in_state(q._t.jobs, state))
                             .group_by(q._t.jobs.c.group_key))
                     sql = str(stmt.compile(conn.engine, compile_kwargs={"literal_binds": True}))
                     plan = " ".join(str(r[-1]) for r in await conn.exec_driver_sql(

@@ -27,7 +27,7 @@ class PgInsert:
         ("parent_id", "int8"), ("group_key", "text"), ("weight", "int4"), ("priority", "int4"),
         ("pending", "int4"), ("max_attempts", "int4"), ("timeout", "float8"), ("key", "text"),
         ("cancelled_by", "int8"), ("has_dependents", "bool"), ("error", "text"),
-        ("delay", "float8"), ("run_at", "timestamptz"), ("dead", "bool"),
+        ("delay", "float8"), ("run_at", "timestamptz"), ("dead", "bool"), ("trace", "text"),
     )
 
     async def insert_jobs_alone(
@@ -218,14 +218,14 @@ class PgInsert:
         f, now = field, "statement_timestamp()"
         columns = """type, kind, state, args, parent_id, group_key, weight, priority,
         pending, run_after, attempts, max_attempts, attempt_limit, timeout, key, live_key,
-        cancelled_by, has_dependents, error, created_at, finished_at"""
+        cancelled_by, has_dependents, error, created_at, finished_at, trace"""
         values = f"""{f["type"]}, {f["kind"]}, {f["state"]}, {f["args"]}::jsonb, {f["parent_id"]},
         {f["group_key"]}, {f["weight"]}, {f["priority"]}, {f["pending"]},
         COALESCE({f["run_at"]}, {now} + make_interval(secs => {f["delay"]})), 0,
         {f["max_attempts"]}, {f["max_attempts"]}, {f["timeout"]}, {f["key"]},
         CASE WHEN {f["dead"]} THEN NULL ELSE {f["key"]} END, {f["cancelled_by"]},
         {f["has_dependents"]}, {f["error"]}::jsonb, {now},
-        CASE WHEN {f["dead"]} THEN {now} END"""
+        CASE WHEN {f["dead"]} THEN {now} END, {f["trace"]}::jsonb"""
         notify = f"CASE WHEN ${wake}::bool THEN pg_notify(${channel}, '') END"
         if not varying:  # one row: a plain INSERT (less for the server to plan and run)
             return f"""
