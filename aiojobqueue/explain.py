@@ -40,7 +40,7 @@ from sqlalchemy import and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as S
-from .claim import group_demand_query
+from .census import group_demand_query
 from .errors import JobNotFoundError
 from .fleet import fleet_caps
 from .limits import RateLimit

@@ -12,10 +12,10 @@ from sqlalchemy import select, text, update
 from sqlalchemy.exc import DBAPIError
 
 from . import fanout
-from .claim import lease_values, pick_and_lease_stmt
 from .database import Database
 from .errors import SchemaError
 from .finalize import plain_stmt
+from .lease import lease_values, pick_and_lease_stmt
 from .release import drop_deps_stmt, drop_kids_stmt, drop_one_stmt
 from .schema import (
     ACTIVE,

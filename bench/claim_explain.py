@@ -23,7 +23,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from aiojobqueue import JobQueue
-from aiojobqueue.claim import group_demand_query
+from aiojobqueue.census import group_demand_query
 from aiojobqueue.schema import build_tables
 
 URLS = {

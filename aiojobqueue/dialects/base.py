@@ -32,8 +32,8 @@ from sqlalchemy.sql.compiler import InsertmanyvaluesSentinelOpts
 from ..schema import Tables
 
 if TYPE_CHECKING:
-    from ..claim import LeasePath
     from ..database import Database
+    from ..lease import LeasePath
     from ..release import WritePath
     from ..settings import Settings
     from ..worker.rounds import ParallelRound
@@ -151,7 +151,7 @@ class DialectOps(ABC):
 
     def lease_path(self, db: Database, settings: Settings) -> LeasePath:
         """How a claim turns the jobs it picked into leases (see claim.py)."""
-        from ..claim import ReturningLease
+        from ..lease import ReturningLease
 
         return ReturningLease(db, settings)
 

@@ -44,8 +44,8 @@ from .base import (
 from .mysql_bell import BellWatch, ring
 
 if TYPE_CHECKING:
-    from ..claim import LeasePath
     from ..database import Database
+    from ..lease import LeasePath
     from ..release import WritePath
     from ..settings import Settings
 
@@ -71,7 +71,7 @@ class MySQLOps(DialectOps):
 
     # No UPDATE ... RETURNING: a claim picks, then leases; finalize and settle lock and read.
     def lease_path(self, db: Database, settings: Settings) -> LeasePath:
-        from ..claim import PickThenLease
+        from ..lease import PickThenLease
 
         return PickThenLease(db, settings)
 

@@ -14,10 +14,12 @@ from typing import Any
 import pytest
 from sqlalchemy import any_, event, insert, literal_column, select, text
 
+import aiojobqueue.census as census_mod
 import aiojobqueue.claim as claim_mod
 from aiojobqueue import JobQueue, JobState
-from aiojobqueue.claim import Claimed, PickThenLease
+from aiojobqueue.claim import Claimed
 from aiojobqueue.finalize import Outcome
+from aiojobqueue.lease import PickThenLease
 from aiojobqueue.migrate import routine_spec
 from aiojobqueue.release import LockedWrites, drop_deps_stmt, drop_one_stmt
 from aiojobqueue.settle import Settler
@@ -256,7 +258,7 @@ async def test_a_short_claim_of_the_only_group_hands_over_without_a_census(
     monkeypatch.setattr(claim_mod, "PROMOTE_EVERY", 60.0)
     q = make_queue(poll_interval=60.0)
     async with q:
-        G = claim_mod.CENSUS_CTE
+        G = census_mod.CENSUS_CTE
         seen: list[str] = []
 
         def spy(_c: Any, _cur: Any, stmt: str, *_: Any) -> None:

@@ -1,0 +1,236 @@
+"""How a claim turns picked rows into leases: the SET clauses of a lease, the columns a
+claim returns, the statements that pick a group's best ready jobs (priority, then age) with
+SKIP LOCKED, many groups in one statement, and the two paths a dialect chooses between
+(``ReturningLease``: UPDATE ... RETURNING; ``PickThenLease``: a locking SELECT, then the
+UPDATE, where there is no RETURNING)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    Integer,
+    Select,
+    bindparam,
+    select,
+    update,
+)
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from . import schema as S
+from .census import scan_cte
+from .database import Database
+from .settings import Settings
+from .sql import lit
+from .timeutil import db_now, utcnow_plus
+
+
+def lease_values(t: S.Tables, ttl: Any, owner: Any) -> dict[str, Any]:
+    """The SET clauses of a lease to ``owner`` for ``ttl`` seconds (values, or the one-call
+    routine's variables' expressions)."""
+    J = t.jobs
+    return {
+        "state": S.RUNNING,
+        "lease_owner": owner,
+        "lease_expires": utcnow_plus(ttl),
+        "attempts": J.c.attempts + 1,
+        "started_at": db_now(),
+        "cancel_requested": False,
+    }
+
+
+def claim_columns(t: S.Tables) -> tuple[Any, ...]:
+    """What a lease returns, in the order Claimed is built from (see claimed_rows)."""
+    J = t.jobs
+    return (J.c.id, J.c.type, J.c.args, J.c.attempts, J.c.group_key, J.c.timeout,
+            J.c.checkpoint, J.c.parent_id, J.c.priority, J.c.has_dependents, J.c.trace)
+
+
+def pick_and_lease_stmt(db: Database, group: Any, n: Any, of_types: Any,
+                        lease: dict[str, Any]) -> Any:
+    """UPDATE ... WHERE id IN (the best ``n`` ready jobs of ``group`` whose type matches
+    ``of_types``, SKIP LOCKED) SET ``lease`` RETURNING claim_columns()."""
+    J = db.t.jobs
+    pick = db.ops.skip_locked(
+        select(J.c.id)
+        .where(J.c.state == lit(S.READY), J.c.group_key == group, of_types(J.c.type))
+        .order_by(J.c.priority.desc(), J.c.id)
+        .limit(n)
+    )
+    # in_select: on PostgreSQL the pick is an InitPlan feeding a primary-key probe, whatever
+    # the planner settings (the one-call routine runs with nested loops off)
+    return update(J).where(db.ops.in_select(J.c.id, pick)).values(**lease).returning(
+        *claim_columns(db.t))
+
+
+def idle_pick_stmt(db: Database, types: list[str], from_start: bool,
+                   lease: dict[str, Any]) -> Any:
+    """Where the dialect can (DialectOps.pick_each), one statement that leases the best
+    job of each of the first ``:free`` groups in rotation order that run nothing (scanning
+    at most ``:lim`` groups after ``:after``), RETURNING claim_columns(); else None.
+
+    While at least ``free`` groups with work run nothing, that is fair_share's whole split
+    (each of them has ratio 0 and is served once, in rotation order, before any other
+    group gets a slot), so a claim over many groups needs no census; where it comes back
+    short (the names ran out, a group had no job of ``types``) the census splits the rest."""
+    J = db.t.jobs
+    scan = scan_cte(db.t, db.ops, from_start, "idle_scan")
+    R = J.alias("rn")
+    busy = select(R.c.id).where(R.c.state == lit(S.RUNNING), R.c.group_key == scan.c.g).exists()
+    keys = (select(scan.c.g).where(scan.c.g.is_not(None), ~busy).order_by(scan.c.n)
+            .limit(bindparam("free", type_=Integer())).subquery("k"))
+
+    def pick(group: Any) -> Select[Any]:
+        return (select(J.c.id)
+                .where(J.c.state == lit(S.READY), J.c.group_key == group, J.c.type.in_(types))
+                .order_by(J.c.priority.desc(), J.c.id)
+                .limit(1))
+
+    sel = db.ops.pick_each(keys, pick)
+    if sel is None:
+        return None
+    return update(J).where(db.ops.in_select(J.c.id, sel)).values(**lease).returning(
+        *claim_columns(db.t))
+
+
+class ReturningLease:
+    """A group's pick and its lease in one statement, the rows back in the same round trip
+    (UPDATE ... RETURNING)."""
+
+    def __init__(self, db: Database, settings: Settings) -> None:
+        self.db = db
+        self.lease = lease_values(db.t, settings.lease_ttl, settings.worker_id)
+
+    async def pick(self, conn: AsyncConnection, g: str, n: int, types: list[str],
+                   taken: list[Any]) -> int:
+        """Lease up to ``n`` of ``g``'s best ready jobs; their rows join ``taken``."""
+        key = ("pick", tuple(types))
+        stmt = self.db.stmts.get(key)
+        if stmt is None:  # built once per handler-type set
+            stmt = self.db.stmts[key] = pick_and_lease_stmt(
+                self.db, bindparam("g"), bindparam("n"), lambda col: col.in_(types), self.lease)
+        rows = (await conn.execute(stmt, {"g": g, "n": n})).all()
+        taken += rows
+        return len(rows)
+
+    async def pick_idle(self, conn: AsyncConnection, free: int, types: list[str],
+                        after: str | None, taken: list[Any]) -> list[str] | None:
+        """idle_pick_stmt: the groups it leased a job of (their rows join ``taken``), or
+        None where the dialect has no such statement."""
+        key = ("pickidle", tuple(types), after is None)
+        stmt = self.db.stmts.get(key, False)
+        if stmt is False:
+            stmt = self.db.stmts[key] = idle_pick_stmt(self.db, types, after is None,
+                                                       self.lease)
+        if stmt is None:
+            return None
+        params: dict[str, Any] = {"free": free, "lim": 2 * free + 8}
+        if after is not None:
+            params["after"] = after
+        rows = (await conn.execute(stmt, params)).all()
+        taken += rows
+        return [r[4] for r in rows]
+
+    async def pick_many(self, conn: AsyncConnection, plan: dict[str, int], types: list[str],
+                        taken: list[Any]) -> dict[str, int]:
+        """Lease ``plan[g]`` of each group's best ready jobs in one statement; how many each
+        group got. Their rows join ``taken``."""
+        rows: list[Any] = []
+        for gs, ns in _chunks(plan):
+            stmt, bind = _many_stmt(self.db, len(gs), types, self.lease, True)
+            rows += (await conn.execute(stmt, bind(gs, ns))).all()
+        taken += rows
+        return _per_group(r[4] for r in rows)
+
+    async def leased(self, conn: AsyncConnection, taken: list[Any]) -> list[Any]:
+        """The leased rows (claim_columns()) once every group was picked."""
+        return taken
+
+
+class PickThenLease:
+    """Without UPDATE ... RETURNING: each group's pick locks ids (SKIP LOCKED); one UPDATE
+    leases them all at the end and one SELECT reads their rows back."""
+
+    def __init__(self, db: Database, settings: Settings) -> None:
+        self.db = db
+        self.lease = lease_values(db.t, settings.lease_ttl, settings.worker_id)
+
+    async def pick(self, conn: AsyncConnection, g: str, n: int, types: list[str],
+                   taken: list[Any]) -> int:
+        J = self.db.t.jobs
+        cond = [J.c.state == lit(S.READY), J.c.group_key == g, J.c.type.in_(types)]
+        if taken:
+            cond.append(J.c.id.not_in(taken))
+        pick = self.db.ops.skip_locked(
+            select(J.c.id).where(*cond).order_by(J.c.priority.desc(), J.c.id).limit(n))
+        picked = [r[0] for r in await conn.execute(pick)]
+        taken += picked
+        return len(picked)
+
+    async def pick_many(self, conn: AsyncConnection, plan: dict[str, int], types: list[str],
+                        taken: list[Any]) -> dict[str, int]:
+        rows: list[Any] = []
+        for gs, ns in _chunks(plan):
+            stmt, bind = _many_stmt(self.db, len(gs), types, None, False)
+            rows += (await conn.execute(stmt, bind(gs, ns))).all()
+        taken += [r[0] for r in rows]
+        return _per_group(r[1] for r in rows)
+
+    async def leased(self, conn: AsyncConnection, taken: list[Any]) -> list[Any]:
+        if not taken:
+            return []
+        J, ops = self.db.t.jobs, self.db.ops
+        ids = sorted(taken)
+        await conn.execute(update(J).where(ops.in_ids(J.c.id, ids)).values(**self.lease))
+        return list((await conn.execute(
+            select(*claim_columns(self.db.t)).where(ops.in_ids(J.c.id, ids)))).all())
+
+
+LeasePath = ReturningLease | PickThenLease
+
+
+#: Groups per many-group pick statement (a UNION ALL of one part per group: SQLite allows
+#: 500 parts at most).
+PICK_CHUNK = 128
+
+
+def _chunks(plan: dict[str, int]) -> list[tuple[list[str], list[int]]]:
+    items = list(plan.items())
+    return [([g for g, _ in items[i : i + PICK_CHUNK]], [n for _, n in items[i : i + PICK_CHUNK]])
+            for i in range(0, len(items), PICK_CHUNK)]
+
+
+def _per_group(keys: Any) -> dict[str, int]:
+    got: dict[str, int] = {}
+    for g in keys:
+        got[g] = got.get(g, 0) + 1
+    return got
+
+
+def _many_stmt(db: Database, k: int, types: list[str], lease: dict[str, Any] | None,
+               returning: bool) -> tuple[Any, Any]:
+    """The pick of ``k`` groups' best jobs as one statement (DialectOps.pick_groups): with
+    ``returning``, the UPDATE that leases them RETURNING claim_columns(); else the SELECT of
+    (id, group_key) that locks them. Built once per (k, types) where the dialect's form
+    depends on k, once per types where not."""
+    key = ("pickmany", tuple(types), k, returning)
+    got = db.stmts.get(key)
+    if got is not None:
+        return got  # type: ignore[no-any-return]
+    J = db.t.jobs
+
+    def pick(group: Any, n: Any) -> Select[Any]:
+        return (select(J.c.id, J.c.group_key)
+                .where(J.c.state == lit(S.READY), J.c.group_key == group, J.c.type.in_(types))
+                .order_by(J.c.priority.desc(), J.c.id)
+                .limit(n))
+
+    sel, bind = db.ops.pick_groups(pick, k)
+    stmt: Any = sel
+    if returning:
+        assert lease is not None
+        ids = select(sel.subquery().c.id)
+        stmt = update(J).where(db.ops.in_select(J.c.id, ids)).values(**lease).returning(
+            *claim_columns(db.t))
+    db.stmts[key] = (stmt, bind)
+    return stmt, bind
