@@ -21,7 +21,7 @@ from .batch import MAX_ID, Batch, JobRef
 from .claim import Claimed, Claimer
 from .core import Core, Signals
 from .database import Database
-from .dialects.base import async_url, dialect_for, listen_url_for, open_engine
+from .dialects.urls import async_url, dialect_for, listen_url_for, open_engine
 from .errors import (
     ConfigurationError,
     JobCancelled,

@@ -40,7 +40,7 @@ from sqlalchemy.orm import Session
 
 from . import schema as S
 from .batch import Batch, JobRef
-from .dialects.base import async_url, ops_class_for, sync_url
+from .dialects.urls import async_url, ops_class_for, sync_url
 from .errors import (
     ConfigurationError,
     InvalidJobError,

@@ -24,7 +24,7 @@ from typing import Any
 from sqlalchemy import create_engine
 
 from aiojobqueue import JobQueue, SyncQueue
-from aiojobqueue.dialects.base import sync_url
+from aiojobqueue.dialects.urls import sync_url
 from aiojobqueue.schema import build_tables
 
 PREFIX = "syncb_"

@@ -74,8 +74,8 @@ def print_error(message: str) -> None:
 # -- URLs -------------------------------------------------------------------------------------
 def normalize_url(url: str) -> str:
     """Add the async driver to a plain URL (``postgresql://`` -> ``postgresql+asyncpg://``),
-    as ``JobQueue`` does (see ``dialects.base.async_url``)."""
-    from ..dialects.base import async_url
+    as ``JobQueue`` does (see ``dialects.urls.async_url``)."""
+    from ..dialects.urls import async_url
 
     try:
         return async_url(url)

@@ -16,7 +16,8 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from ..dialects.base import Listener, dialect_for
+from ..dialects.base import Listener
+from ..dialects.urls import dialect_for
 
 if TYPE_CHECKING:
     from .data import Data

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from sqlalchemy import select
 
 from aiojobqueue import JobQueue
-from aiojobqueue.dialects.base import dialect_for
+from aiojobqueue.dialects.urls import dialect_for
 
 
 async def test_insert_ignore_skips_rows_already_there(make_queue: Callable[..., JobQueue]) -> None:

@@ -30,8 +30,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
 from aiojobqueue import JobContext, JobQueue
-from aiojobqueue.dialects.base import connect_kwargs_for
 from aiojobqueue.dialects.postgresql import POOLED_CONNECT_ARGS
+from aiojobqueue.dialects.urls import connect_kwargs_for
 from aiojobqueue.errors import ConfigurationError
 
 QUICK = {"poll_interval": 0.05, "lease_ttl": 3.0, "heartbeat_interval": 0.5,

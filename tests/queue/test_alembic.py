@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import MetaData, Table, inspect
 
 from aiojobqueue import JobQueue
-from aiojobqueue.dialects.base import sync_url
+from aiojobqueue.dialects.urls import sync_url
 from aiojobqueue.schema import build_tables, include_object
 
 alembic = pytest.importorskip("alembic", reason="Alembic is a dev dependency")

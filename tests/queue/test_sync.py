@@ -33,7 +33,7 @@ from aiojobqueue import (
     JobState,
     SyncQueue,
 )
-from aiojobqueue.dialects.base import sync_url
+from aiojobqueue.dialects.urls import sync_url
 from aiojobqueue.schema import build_tables
 
 

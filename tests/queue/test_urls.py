@@ -12,7 +12,7 @@ from conftest import drop_tables
 from sqlalchemy.engine import make_url
 
 from aiojobqueue import ConfigurationError, JobQueue, JobState, NotStartedError
-from aiojobqueue.dialects.base import async_url
+from aiojobqueue.dialects.urls import async_url
 
 
 @pytest.mark.parametrize(("given", "used"), [
