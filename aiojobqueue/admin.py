@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from . import schema as S
 from .errors import InvalidJobError, JobNotFoundError
 from .models import Job, JobState
+from .snapshot import to_job
 from .sql import lit
 from .timeutil import as_utc, db_now
 
@@ -175,8 +176,6 @@ async def list_jobs(
 
 
 async def _jobs(q: JobQueue, conn: AsyncConnection, rows: Sequence[Any]) -> list[Job]:
-    from .queue import _to_job
-
     D = q._t.deps
     deps: dict[int, list[int]] = defaultdict(list)
     ids = [r.id for r in rows]
@@ -186,7 +185,7 @@ async def _jobs(q: JobQueue, conn: AsyncConnection, rows: Sequence[Any]) -> list
             .order_by(D.c.depends_on_id)
         ):
             deps[jid].append(up)
-    return [_to_job(r, deps[r.id]) for r in rows]
+    return [to_job(r, deps[r.id]) for r in rows]
 
 
 @dataclass

@@ -18,12 +18,12 @@ from . import schema as S
 from . import tracing
 from .batch import JobRef, Node, Ref, _Spec
 from .claim import Claimer
-from .core import Signals
 from .dag import plan_graph
 from .database import Database
 from .dialects.base import InsertPath, JobColumns
 from .errors import InvalidJobError
 from .settle import Settler
+from .signals import Signals
 from .timeutil import db_now, utcnow_plus
 
 CHUNK = 1000

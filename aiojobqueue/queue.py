@@ -11,15 +11,11 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Generic, ParamSpec, TypeVar
 
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
-from . import history, progress
 from . import schema as S
-from .actions import Actions
 from .batch import MAX_ID, Batch, JobRef
-from .claim import Claimed, Claimer
-from .core import Core, Signals
+from .core import Core, build_core
 from .database import Database
 from .dialects.urls import async_url, dialect_for, listen_url_for, open_engine
 from .errors import (
@@ -31,8 +27,6 @@ from .errors import (
 )
 from .executor import JobContext
 from .explain import Explanation, explain
-from .fanout import SplitReleases
-from .finalize import Finalizer
 from .handlers import Handler, HandlerSpec, Params, RetryOn, retry_types
 from .hooks import Hooks
 from .insert import Inserter
@@ -41,7 +35,7 @@ from .migrate import check, install_routines, upgrade
 from .models import Job, JobState
 from .periodic import Schedule, make_schedule
 from .settings import DEFAULT_POOL_SIZE, Settings
-from .settle import Settler
+from .snapshot import read_job
 from .worker import Worker
 
 log = logging.getLogger("aiojobqueue")
@@ -263,24 +257,11 @@ class JobQueue:
             await ops.release()
             await self.close()
             raise
-        signals = Signals()
-        claimer = Claimer(s, db)
-        settler = Settler(db, ops.write_path(db, routines.release if routines else None))
-        splits = SplitReleases(db, routines.rest if routines else None, signals.wake)
-        finalizer = Finalizer(s, db, settler, routines.finish if routines else None,
-                              splits.release_rest)
-        self._inserter = Inserter(db, claimer, settler, signals)
-
-        def make_context(c: Claimed) -> JobContext:
-            return JobContext(self, db, s.worker_id, c)
-
-        self._core = Core(
-            settings=s, db=db, claimer=claimer, settler=settler, finalizer=finalizer,
-            actions=Actions(db, settler), splits=splits, signals=signals, hooks=self._hooks,
-            handlers=self._handlers, schedules=self._schedules, make_context=make_context,
-            batch_on=lambda conn: self.batch(connection=conn),
-            round_kind=ops.round_kind(routines is not None),
-        )
+        self._core, self._inserter = build_core(
+            s, db, routines, round_kind=ops.round_kind(routines is not None), hooks=self._hooks,
+            handlers=self._handlers, schedules=self._schedules,
+            make_context=lambda c: JobContext(self, db, s.worker_id, c),
+            batch_on=lambda conn: self.batch(connection=conn))
 
     async def close(self) -> None:
         """Dispose of the engine aiojobqueue created (a passed-in engine is left alone)."""
@@ -358,17 +339,7 @@ class JobQueue:
     async def get(self, job_id: int) -> Job:
         """A snapshot of one job. Raises JobNotFoundError."""
         _check_id(job_id)
-        J, D = self._t.jobs, self._t.deps
-
-        async def read(conn: AsyncConnection) -> Job:
-            row = (await conn.execute(select(J).where(J.c.id == job_id))).first()
-            if row is None:
-                raise JobNotFoundError(f"no job with id {job_id}")
-            deps = [r[0] for r in await conn.execute(
-                select(D.c.depends_on_id).where(D.c.job_id == job_id).order_by(D.c.depends_on_id))]
-            return _to_job(row, deps)
-
-        return await self._started().db.read(read)
+        return await read_job(self._started().db, job_id)
 
     async def explain(self, job_id: int) -> Explanation:
         """Why the job is not running now: ``Explanation.reasons`` (see aiojobqueue.explain
@@ -437,16 +408,3 @@ def _check_id(job_id: Any) -> None:
     driver, which would fail with an untyped error)."""
     if not isinstance(job_id, int) or isinstance(job_id, bool) or not 0 < job_id <= MAX_ID:
         raise JobNotFoundError(f"no job with id {job_id!r}")
-
-
-def _to_job(row: Any, deps: list[int]) -> Job:
-    errors, omitted = history.snapshot(row.errors)
-    return Job(
-        id=row.id, type=row.type, args=row.args, state=JobState(row.state), result=row.result,
-        error=row.error, attempts=row.attempts, max_attempts=row.max_attempts,
-        group=row.group_key, weight=row.weight, priority=row.priority, parent_id=row.parent_id,
-        is_container=row.kind == S.CONTAINER, key=row.key, depends_on=tuple(deps),
-        cancelled_by=row.cancelled_by, lease_owner=row.lease_owner, created_at=row.created_at,
-        run_after=row.run_after, started_at=row.started_at, finished_at=row.finished_at,
-        progress=progress.snapshot(row.progress), errors=errors, errors_omitted=omitted,
-    )
