@@ -1,5 +1,6 @@
-"""Core: the parts of one started queue, built once by ``JobQueue.start`` and handed to the
-worker. Each part takes only what it needs from here; none of them sees the facade.
+"""Core: the parts of one started queue, built once (``build_core``, when ``JobQueue.start``
+connects) and handed to the worker. Each part takes only what it needs from here; none of
+them sees the facade.
 
 Its ``signals`` (signals.py) are the in-process wake-ups.
 """
