@@ -9,9 +9,9 @@ It shares everything with ``JobQueue`` rather than being a second implementation
   and may be one whose own loop is running (``asyncio.run`` could not).
 * The insert (an enqueue, a batch) runs in the caller's thread: the JobQueue's own insert
   (insert.py, after the same ``Batch`` checks) on a sync connection, through
-  ``_SyncConnection``: the insert's ``await conn.execute(...)`` calls are answered by the
-  sync connection at once, so the coroutine never suspends and is driven to its end without
-  an event loop (``_drive``). The connection is the caller's (``connection=``: the jobs
+  ``syncbridge.SyncConnection``: the insert's ``await conn.execute(...)`` calls are
+  answered by the sync connection at once, so the coroutine never suspends and is driven
+  to its end without an event loop (``syncbridge.drive``). The connection is the caller's (``connection=``: the jobs
   exist iff the caller's transaction commits) or one of the SyncQueue's own sync engine
   (``_insert_own``: the flow of ``Inserter.insert``). No hand-over to the loop's thread
   and back: measured, that cost 25-45% of the enqueue rate (bench/sync_enqueue.py has the
@@ -30,12 +30,12 @@ import time
 from collections.abc import Callable, Coroutine, Iterable
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session
 
 from . import schema as S
@@ -53,6 +53,7 @@ from .insert import Inserter
 from .models import Job
 from .queue import JobQueue
 from .settings import DEFAULT_POOL_SIZE
+from .syncbridge import bridge, drive
 
 T = TypeVar("T")
 
@@ -255,14 +256,14 @@ class SyncQueue:
         inserter = self._inserter()
         # (a Connection not yet in a transaction begins one: SQLAlchemy's autobegin)
         conn = connection.connection() if isinstance(connection, Session) else connection
-        bridge = _bridge(conn, inserter.db.ops)
+        aconn = bridge(conn, inserter.db.ops)
 
         async def insert() -> list[int]:
-            await inserter.db.ops.begin_write(bridge)
-            ids, _ = await inserter.insert_specs(bridge, specs)
+            await inserter.db.ops.begin_write(aconn)
+            ids, _ = await inserter.insert_specs(aconn, specs)
             return ids
 
-        return _drive(insert())
+        return drive(insert())
 
     def _insert_own(self, specs: list[Any]) -> list[int]:
         """Insert ``specs`` on the SyncQueue's own engine, as ``Inserter.insert`` does: a
@@ -276,8 +277,8 @@ class SyncQueue:
                 return done[0]
         for attempt in range(3):
             try:
-                return self._write(lambda c: _drive(inserter.insert_specs(
-                    _bridge(c, db.ops), specs))[0])
+                return self._write(lambda c: drive(inserter.insert_specs(
+                    bridge(c, db.ops), specs))[0])
             except IntegrityError:  # a concurrent insert took the same key: look again
                 if attempt == 2:
                     raise
@@ -390,7 +391,7 @@ class SyncBatch:
 
     def commit(self) -> list[int]:
         """Insert everything added so far (called on leaving ``with``); the ids in order."""
-        return _drive(self._batch.commit())
+        return drive(self._batch.commit())
 
     def __enter__(self) -> SyncBatch:
         return self
@@ -400,56 +401,6 @@ class SyncBatch:
     ) -> None:
         if et is None:
             self.commit()
-
-
-class _SyncConnection:
-    """What the insert path uses of an ``AsyncConnection``, answered at once by a sync
-    ``Connection`` (the results are the same buffered ``CursorResult``s)."""
-
-    def __init__(self, conn: Connection, ops: Any) -> None:
-        self._conn = conn
-        self._ops = ops
-        self.dialect = conn.dialect
-
-    async def execute(self, statement: Any, parameters: Any = None, **kw: Any) -> Any:
-        return self._conn.execute(statement, parameters, **kw)
-
-    async def scalar(self, statement: Any, parameters: Any = None) -> Any:
-        return self._conn.scalar(statement, parameters)
-
-    async def exec_driver_sql(self, sql: str, parameters: Any = None) -> Any:
-        # the dialect's bulk SQL is written for its async driver's parameter style
-        sql, parameters = self._ops.sync_driver_sql(sql, parameters, self.dialect.driver)
-        return self._conn.exec_driver_sql(sql, parameters)
-
-    def get_execution_options(self) -> Any:
-        return self._conn.get_execution_options()
-
-    @property
-    def engine(self) -> Any:
-        """The sync engine (where a dialect hooks its commit, e.g. the MySQL bell)."""
-        return self._conn.engine
-
-    @property
-    def info(self) -> dict[Any, Any]:
-        """The connection's own ``info`` (what its commit hooks read)."""
-        return self._conn.info
-
-
-def _bridge(conn: Connection, ops: Any) -> AsyncConnection:
-    """``conn`` as the insert path takes it (see _SyncConnection)."""
-    return cast(AsyncConnection, _SyncConnection(conn, ops))
-
-
-def _drive(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine that never suspends (its awaits are answered at once) to its end,
-    without an event loop."""
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
-    coro.close()
-    raise RuntimeError("aiojobqueue: a synchronous insert waited on an event loop")
 
 
 def _url_of(url_or_engine: str | URL | Engine | AsyncEngine) -> str:
