@@ -11,8 +11,8 @@ It shares everything with ``JobQueue`` rather than being a second implementation
   (insert.py, after the same ``Batch`` checks) on a sync connection, through
   ``syncbridge.SyncConnection``: the insert's ``await conn.execute(...)`` calls are
   answered by the sync connection at once, so the coroutine never suspends and is driven
-  to its end without an event loop (``syncbridge.drive``). The connection is the caller's (``connection=``: the jobs
-  exist iff the caller's transaction commits) or one of the SyncQueue's own sync engine
+  to its end without an event loop (``syncbridge.drive``). The connection is the caller's
+  (``connection=``: the jobs exist iff the caller's transaction commits) or one of the SyncQueue's own sync engine
   (``_insert_own``: the flow of ``Inserter.insert``). No hand-over to the loop's thread
   and back: measured, that cost 25-45% of the enqueue rate (bench/sync_enqueue.py has the
   figures of the design kept).
