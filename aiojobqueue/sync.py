@@ -13,9 +13,9 @@ It shares everything with ``JobQueue`` rather than being a second implementation
   answered by the sync connection at once, so the coroutine never suspends and is driven
   to its end without an event loop (``syncbridge.drive``). The connection is the caller's
   (``connection=``: the jobs exist iff the caller's transaction commits) or one of the
-  SyncQueue's own sync engine (``_insert_own``: the flow of ``Inserter.insert``). No hand-over to the loop's thread
-  and back: measured, that cost 25-45% of the enqueue rate (bench/sync_enqueue.py has the
-  figures of the design kept).
+  SyncQueue's own sync engine (``_insert_own``: the flow of ``Inserter.insert``). No
+  hand-over to the loop's thread and back: measured, that cost 25-45% of the enqueue rate
+  (bench/sync_enqueue.py has the figures of the design kept).
 * A forked child (gunicorn, multiprocessing) starts afresh on its first call: the loop's
   thread does not survive a fork, and the pooled connections stay the parent's.
 """
