@@ -46,6 +46,8 @@ def stop(procs: list[subprocess.Popen[str]], timeout: float = 30.0) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+        if p.stdout is not None:
+            p.stdout.close()
 
 
 def read_log(log: Path) -> list[dict[str, Any]]:
