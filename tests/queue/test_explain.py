@@ -4,32 +4,21 @@ API, with real workers registering the types they serve; and the status helpers.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from conftest import eventually
+from finalizekit import serving
 from sqlalchemy import insert, select, text, update
 
 from aiojobqueue import Explanation, JobContext, JobNotFoundError, JobQueue, Limit, RateLimit
 from aiojobqueue.explain import CODES
 from aiojobqueue.fleet import GroupAtCap, groups_at_cap, notes, unserved_types
 from aiojobqueue.schema import SCHEMA_VERSION
-from tests.conftest import eventually
-
-
-@contextlib.asynccontextmanager
-async def serving(q: JobQueue) -> AsyncIterator[None]:
-    task = asyncio.create_task(q.serve())
-    try:
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def blocking(q: JobQueue, type: str = "t", **options: Any) -> asyncio.Event:

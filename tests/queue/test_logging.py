@@ -11,8 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from tests.conftest import drop_tables
+from conftest import drop_tables
 
 ROOT = Path(__file__).resolve().parents[2]
 

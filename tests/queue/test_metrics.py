@@ -5,31 +5,20 @@ itself), the HTTP endpoint, and the gauge queries' plans next to many finished r
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 import urllib.request
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from conftest import eventually
+from finalizekit import serving
 from prometheus_client import CollectorRegistry, generate_latest
 from sqlalchemy import event
 
 from aiojobqueue import JobContext, JobQueue
 from aiojobqueue.metrics import register, serve_metrics
 from bench.metrics_plans import fill, plans
-from tests.conftest import eventually
-
-
-@contextlib.asynccontextmanager
-async def serving(q: JobQueue) -> AsyncIterator[None]:
-    task = asyncio.create_task(q.serve())
-    try:
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def value(reg: CollectorRegistry, name: str, **labels: str) -> float:

@@ -11,10 +11,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from conftest import eventually
 from sqlalchemy import event, update
 
 from aiojobqueue import InvalidJobError, JobContext, JobQueue, LeaseLostError
-from tests.conftest import eventually
 
 
 @contextmanager
