@@ -121,8 +121,15 @@ OVERVIEW_COUNTED = (WAITING, SCHEDULED, FAILED)
 #: yet analysed a freshly loaded table would otherwise read that index whole for it,
 #: instead of taking the ids by primary key.
 OVERVIEW_EXTRA = {WAITING: " AND pending > 0"}
-#: The dialects that build ``overview_indexes``.
-OVERVIEW_DIALECTS = ("postgresql", "sqlite")
+
+
+def _builds_partial(ddl: Any, target: Any, bind: Any, tables: Any = None, state: Any = None,
+                    *, dialect: Any, compiler: Any = None, checkfirst: bool = False) -> bool:
+    """Whether the dialect at hand builds partial indexes (ddl_if's test)."""
+    from .dialects.urls import ops_class_for
+
+    cls = ops_class_for(dialect.name)
+    return cls is not None and cls.has_partial_indexes
 
 
 def overview_indexes(p: str, jobs: Table | None = None) -> list[Index]:
@@ -137,8 +144,7 @@ def overview_indexes(p: str, jobs: Table | None = None) -> list[Index]:
     args: list[Any] = [jobs] if jobs is not None else []
     return [Index(f"{p}ix_{state}_group", "state", "group_key", *args,
                   **_where(f"state = '{state}'{OVERVIEW_EXTRA.get(state, '')}"))
-            # a tuple works (sqlalchemy.sql.ddl.DDLIf); the annotation says str
-            .ddl_if(dialect=OVERVIEW_DIALECTS)  # type: ignore[arg-type]
+            .ddl_if(callable_=_builds_partial)
             for state in OVERVIEW_COUNTED]
 
 

@@ -33,19 +33,18 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session
 
 from . import schema as S
 from .batch import Batch, JobRef
-from .dialects.urls import async_url, ops_class_for, sync_url
+from .dialects.urls import async_url, async_url_of, sync_ops_for
 from .errors import (
     ConfigurationError,
     InvalidJobError,
     NotStartedError,
-    UnsupportedDatabaseError,
 )
 from .explain import Explanation
 from .handlers import Handler
@@ -84,22 +83,12 @@ class SyncQueue:
         url = _url_of(url_or_engine)
 
         def make_queue() -> JobQueue:
-            return JobQueue(_async_url(url), prefix=prefix, max_attempts=max_attempts,
+            return JobQueue(async_url_of(url), prefix=prefix, max_attempts=max_attempts,
                             default_group=default_group, pool_size=pool_size)
 
         self._make_queue = make_queue
         self._queue = make_queue()
-        sync = make_url(sync_url(url))
-        ops = ops_class_for(sync.get_backend_name())
-        if ops is None:
-            raise UnsupportedDatabaseError(
-                f"unsupported database {sync.get_backend_name()!r}: use SQLite, PostgreSQL "
-                "or MySQL 8+/MariaDB 10.6+")
-        if ops.name == "sqlite" and (sync.database or ":memory:").startswith(
-                (":memory:", "file::memory:")):
-            raise ConfigurationError(
-                "SyncQueue needs a database file (or server) that its workers share, not "
-                "an in-memory SQLite database")
+        ops, sync = sync_ops_for(url)
         #: the engine of the SyncQueue's own inserts (in the caller's thread)
         self._engine = ops.sync_engine(sync, pool_size)
         #: where a lone enqueue is one statement in autocommit (InsertPath.alone_sync), an
@@ -416,15 +405,3 @@ def _url_of(url_or_engine: str | URL | Engine | AsyncEngine) -> str:
             f"SyncQueue takes a database URL or a SQLAlchemy engine, got {url_or_engine!r}")
     async_url(url_or_engine)  # a clear error for what is not a database URL
     return url_or_engine
-
-
-def _async_url(url: str) -> str:
-    """The URL of the private JobQueue: JobQueue's for a URL naming no driver or an async
-    one; a sync driver's is swapped for its dialect's async driver."""
-    u = make_url(async_url(url))
-    cls = ops_class_for(u.get_backend_name())
-    if cls is None:
-        return url  # JobQueue refuses it, with its own error
-    if u.drivername == cls.async_scheme or u.get_driver_name() in ("asyncmy", "aiosqlite"):
-        return u.render_as_string(hide_password=False)
-    return u.set(drivername=cls.async_scheme).render_as_string(hide_password=False)

@@ -13,7 +13,6 @@ import json
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from enum import IntEnum
-from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import typer
@@ -21,6 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .. import admin
+from ..dialects.urls import ASYNC_DRIVERS, sqlite_file
 from ..errors import (
     AioJobQueueError,
     ConfigurationError,
@@ -93,16 +93,6 @@ def safe_url(url: str) -> str:
         return url
 
 
-def sqlite_file(url: str) -> Path | None:
-    """The file a SQLite URL names (None for another database or ``:memory:``)."""
-    from sqlalchemy.engine import make_url
-
-    u = make_url(url)
-    if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:":
-        return None
-    return Path(u.database)
-
-
 # -- errors -----------------------------------------------------------------------------------
 def error_line(exc: BaseException, url: str) -> CLIError:
     """Turn an exception into one line and an exit code; none of them shows a traceback.
@@ -130,8 +120,8 @@ def error_line(exc: BaseException, url: str) -> CLIError:
         return CLIError(str(exc), Exit.FAILED)
     if isinstance(exc, ArgumentError):
         return CLIError(f"bad database URL {where!r}: {exc}", Exit.USAGE)
-    if isinstance(exc, ModuleNotFoundError) and exc.name in ("asyncpg", "aiomysql", "aiosqlite"):
-        extra = {"asyncpg": "postgresql", "aiomysql": "mysql"}.get(exc.name, "")
+    if isinstance(exc, ModuleNotFoundError) and exc.name in ASYNC_DRIVERS:
+        extra = ASYNC_DRIVERS[exc.name]
         hint = f': pip install "aiojobqueue[{extra}]"' if extra else ""
         return CLIError(f"the database driver {exc.name} is not installed{hint}", Exit.USAGE)
     if isinstance(exc, TimeoutError):

@@ -175,9 +175,17 @@ class DialectOps(ABC):
         """Schema v4: make ``live_key`` unique through the index ``ux`` instead of a UNIQUE
         constraint on the column (see migrate._v3_to_v4). Default: keep the constraint."""
 
+    #: whether the dialect builds partial indexes (see partial_indexes)
+    has_partial_indexes: ClassVar[bool] = True
+
     def partial_indexes(self) -> bool:
         """Whether the dialect builds partial indexes (migrations rebuild them)."""
-        return True
+        return self.has_partial_indexes
+
+    @staticmethod  # noqa: B027 - optional hook
+    def check_shared(url: URL) -> None:
+        """Raise ConfigurationError if ``url`` names a database that other processes (the
+        workers) cannot share."""
 
     def prepare_engine(self, engine: AsyncEngine) -> AsyncEngine:
         """Install hooks / options on ``engine``; returns the engine the queue should use."""

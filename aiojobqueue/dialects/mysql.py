@@ -57,6 +57,7 @@ class MySQLOps(DialectOps):
     name = "mysql"
     async_scheme = "mysql+aiomysql"
     sync_scheme = "mysql+pymysql"
+    has_partial_indexes = False
 
     @staticmethod
     def engine_kwargs() -> dict[str, Any]:
@@ -82,9 +83,6 @@ class MySQLOps(DialectOps):
 
     def insert_path(self) -> InsertPath:
         return MySQLInsertPath(self)
-
-    def partial_indexes(self) -> bool:
-        return False
 
     async def upgrade_live_key(self, conn: AsyncConnection, ux: Any) -> None:
         """One ALTER TABLE swaps the old unique key (named after the column, found in

@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import CTE, Engine, Select, create_engine, event, select, union_all
 from sqlalchemy.dialects.sqlite import insert as lite_insert
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from ..errors import ConfigurationError
 from .base import (
     JOB_FIELDS,
     DialectOps,
@@ -186,6 +187,13 @@ class SQLiteOps(DialectOps):
     name = "sqlite"
     async_scheme = "sqlite+aiosqlite"
     sync_scheme = "sqlite+pysqlite"
+
+    @staticmethod
+    def check_shared(url: URL) -> None:
+        if (url.database or ":memory:").startswith((":memory:", "file::memory:")):
+            raise ConfigurationError(
+                "SyncQueue needs a database file (or server) that its workers share, not "
+                "an in-memory SQLite database")
 
     @classmethod
     def sync_engine(cls, url: Any, pool_size: int, **kwargs: Any) -> Engine:

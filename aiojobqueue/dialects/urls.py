@@ -5,6 +5,7 @@ direct URL the PostgreSQL listener uses behind a pooler."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import URL, make_url
@@ -162,3 +163,42 @@ def listen_url_for(url: str | AsyncEngine, listen_url: str | None) -> URL | None
     if cls is None:
         raise ConfigurationError(f"listen_url: unsupported database {backend!r}")
     return cls.parse_listen_url(parsed)
+
+
+def sync_ops_for(url: str) -> tuple[type[DialectOps], URL]:
+    """The ops class and sync-driver URL of ``url`` (SyncQueue's own inserts); raises
+    UnsupportedDatabaseError or, for a database workers cannot share, ConfigurationError."""
+    from ..errors import UnsupportedDatabaseError
+
+    sync = make_url(sync_url(url))
+    ops = ops_class_for(sync.get_backend_name())
+    if ops is None:
+        raise UnsupportedDatabaseError(
+            f"unsupported database {sync.get_backend_name()!r}: use SQLite, PostgreSQL "
+            "or MySQL 8+/MariaDB 10.6+")
+    ops.check_shared(sync)
+    return ops, sync
+
+
+def async_url_of(url: str) -> str:
+    """The async-driver URL of ``url``: JobQueue's for a URL naming no driver or an async
+    one; a sync driver's is swapped for its dialect's async driver."""
+    u = make_url(async_url(url))
+    cls = ops_class_for(u.get_backend_name())
+    if cls is None:
+        return url  # JobQueue refuses it, with its own error
+    if u.drivername == cls.async_scheme or u.get_driver_name() in ("asyncmy", "aiosqlite"):
+        return u.render_as_string(hide_password=False)
+    return u.set(drivername=cls.async_scheme).render_as_string(hide_password=False)
+
+
+#: The async drivers, and the extra that installs each (aiosqlite comes with the package).
+ASYNC_DRIVERS = {"asyncpg": "postgresql", "aiomysql": "mysql", "aiosqlite": ""}
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file a SQLite URL names (None for another database or ``:memory:``)."""
+    u = make_url(url)
+    if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:":
+        return None
+    return Path(u.database)
