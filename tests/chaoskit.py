@@ -51,7 +51,8 @@ def fan_outs(rnd: random.Random, layers: int = 8, width: int = 60) -> Shape:
     for _ in range(layers):
         head = len(out)
         out.append((rnd.randint(10, 30), [head - 1] if head else []))
-        out += [(rnd.randint(10, 50), [head]) for _ in range(width)]
+        # long enough in all that the run sees several kills, however fast the database
+        out += [(rnd.randint(40, 160), [head]) for _ in range(width)]
         out.append((rnd.randint(10, 30), list(range(head + 1, head + 1 + width))))
     return out
 
