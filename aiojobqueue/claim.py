@@ -177,7 +177,8 @@ class Claimer:
         if self._promotion_due(now, quick):
             await self.promote_due(conn)
             self.promoted_at = now
-        count_running = select(func.count()).select_from(J).where(J.c.state == lit(S.RUNNING))
+        count_running = db.stmt("claim.running", lambda: select(func.count()).select_from(J)
+                                .where(J.c.state == lit(S.RUNNING)))
         # The last claim found the global cap full: look before queueing for the gate (a
         # claim that can lease nothing must not hold up the one whose finalize just freed a
         # slot). Without the lock this only ever declines.

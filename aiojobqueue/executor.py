@@ -140,27 +140,17 @@ Reasons = dict[tuple[int, int], str]
 
 async def run_attempt(core: Core, c: Claimed, reasons: Reasons,
                       traced: bool = False) -> Outcome | None:
-    """``_attempt()``; a progress report it held back lands before the outcome is returned.
-    Traced where OpenTelemetry records (aiojobqueue.tracing; ``traced``: inside its span)."""
-    if not traced and tracing.tracer() is not None:
-        return await tracing.traced_attempt(c, lambda: run_attempt(core, c, reasons, True))
-    ctx = core.make_context(c)
-    try:
-        outcome = await _attempt(core, c, reasons, ctx)
-    except BaseException:
-        if ctx._progress is not None:
-            ctx._progress.abandon()
-        raise
-    if ctx._progress is not None:
-        await ctx._progress.close(write=outcome is not None)
-    return outcome
-
-
-async def _attempt(core: Core, c: Claimed, reasons: Reasons, ctx: JobContext) -> Outcome | None:
     """Run ``c`` to an Outcome. ``reasons[(c.id, c.attempt)]`` says why the worker cancelled
     it, if it did: "cancel" (cancel requested: the job ends cancelled), "lost" (the lease
     belongs to someone else: nothing to write), "shutdown" (graceful stop) or "expired" (the
-    lease could not be renewed in time): both release the job so it runs again at once."""
+    lease could not be renewed in time): both release the job so it runs again at once.
+    A progress report it held back lands before the outcome is returned. Traced where
+    OpenTelemetry records (aiojobqueue.tracing; ``traced``: inside its span).
+
+    One coroutine for the whole attempt: every await of the handler passes through each
+    frame between it and the event loop, and this runs for every job."""
+    if not traced and tracing.tracer() is not None:
+        return await tracing.traced_attempt(c, lambda: run_attempt(core, c, reasons, True))
     me = core.settings.worker_id
     spec = core.handlers.get(c.type)
     if spec is None:  # never claimed without a handler; defensive
@@ -172,42 +162,57 @@ async def _attempt(core: Core, c: Claimed, reasons: Reasons, ctx: JobContext) ->
             return Outcome(c.id, c.attempt, me, "failed", retryable=False, error={
                 "type": "InvalidJobError", "message": f"args do not fit: {why}",
                 "traceback": ""})
+    ctx = core.make_context(c)
     limit = c.timeout if c.timeout is not None else spec.timeout
     tmo = asyncio.timeout(limit)
+    outcome: Outcome | None
     try:
         async with tmo:
             result = await spec.fn(ctx, **c.args)
     except asyncio.CancelledError:
         reason = reasons.get((c.id, c.attempt))
         if reason is None:
+            if ctx._progress is not None:
+                ctx._progress.abandon()
             raise
         task = asyncio.current_task()
         if task is not None:
             task.uncancel()
-        if reason == "cancel":
-            return Outcome(c.id, c.attempt, me, "cancelled")
-        if reason in ("shutdown", "expired"):
-            return Outcome(c.id, c.attempt, me, "released")
-        return None
+        outcome = (Outcome(c.id, c.attempt, me, "cancelled") if reason == "cancel"
+                   else Outcome(c.id, c.attempt, me, "released")
+                   if reason in ("shutdown", "expired") else None)
     except BaseException as exc:
-        if isinstance(exc, TimeoutError) and tmo.expired():  # a timeout is always retryable
-            log.warning("job %s (%s) attempt %s timed out after %ss",
-                        c.id, c.type, c.attempt, limit,
-                        extra=_extra(me, c))
-            return Outcome(c.id, c.attempt, me, "failed",
-                           error=_error(exc, "TimeoutError", f"timed out after {limit}s"))
-        # The worker logs the outcome once committed (retry or failed for good); this one
-        # carries the traceback for whoever debugs at DEBUG level.
-        log.debug("job %s (%s) attempt %s raised %r", c.id, c.type, c.attempt, exc,
-                  extra=_extra(me, c), exc_info=exc)
-        return Outcome(c.id, c.attempt, me, "failed", error=_error(exc),
-                       retryable=spec.retryable(exc))
+        outcome = _failed(c, me, spec, exc, tmo.expired(), limit)
+    else:
+        outcome = (Outcome(c.id, c.attempt, me, "done") if result is None
+                   else _done(c, me, result))
+    if ctx._progress is not None:
+        await ctx._progress.close(write=outcome is not None)
+    return outcome
+
+
+def _done(c: Claimed, me: str, result: Any) -> Outcome:
     if result is not None:
         try:
             check_json(result, f"result of {c.type!r}")
         except NotJSONError as exc:  # the same result again on a re-run: fail for good
             return Outcome(c.id, c.attempt, me, "failed", error=_error(exc), retryable=False)
     return Outcome(c.id, c.attempt, me, "done", result=result)
+
+
+def _failed(c: Claimed, me: str, spec: HandlerSpec, exc: BaseException, expired: bool,
+            limit: float | None) -> Outcome:
+    if isinstance(exc, TimeoutError) and expired:  # a timeout is always retryable
+        log.warning("job %s (%s) attempt %s timed out after %ss",
+                    c.id, c.type, c.attempt, limit, extra=_extra(me, c))
+        return Outcome(c.id, c.attempt, me, "failed",
+                       error=_error(exc, "TimeoutError", f"timed out after {limit}s"))
+    # The worker logs the outcome once committed (retry or failed for good); this one
+    # carries the traceback for whoever debugs at DEBUG level.
+    log.debug("job %s (%s) attempt %s raised %r", c.id, c.type, c.attempt, exc,
+              extra=_extra(me, c), exc_info=exc)
+    return Outcome(c.id, c.attempt, me, "failed", error=_error(exc),
+                   retryable=spec.retryable(exc))
 
 
 def _extra(me: str, c: Claimed) -> dict[str, Any]:

@@ -8,6 +8,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from datetime import datetime, timedelta
+from functools import partial
 from types import TracebackType
 from typing import Any, Generic, ParamSpec, TypeVar
 
@@ -260,7 +261,7 @@ class JobQueue:
         self._core, self._inserter = build_core(
             s, db, routines, round_kind=ops.round_kind(routines is not None), hooks=self._hooks,
             handlers=self._handlers, schedules=self._schedules,
-            make_context=lambda c: JobContext(self, db, s.worker_id, c),
+            make_context=partial(JobContext, self, db, s.worker_id),
             batch_on=lambda conn: self.batch(connection=conn))
 
     async def close(self) -> None:

@@ -150,7 +150,8 @@ class Worker:
             old.task.cancel()
         self.claims += 1
         self._active += 1
-        notify(core.settings.local_limits, "on_start", c.type, c.group)
+        if core.settings.local_limits:  # (per job: no call where there is none)
+            notify(core.settings.local_limits, "on_start", c.type, c.group)
         task = asyncio.create_task(self._run(c), name=f"ajq-job-{c.id}")
         state.running[c.id] = Running(c, task, leased_at)
         if core.hooks or jlog.isEnabledFor(logging.DEBUG):  # (per job: skip if unread)
@@ -184,7 +185,8 @@ class Worker:
         if r is not None and r.claimed.attempt == c.attempt:
             del state.running[c.id]
         state.reasons.pop((c.id, c.attempt), None)
-        notify(self.core.settings.local_limits, "on_finish", c.type, c.group)
+        if self.core.settings.local_limits:
+            notify(self.core.settings.local_limits, "on_finish", c.type, c.group)
         state.wake.set()
 
     # -- waiting --------------------------------------------------------------------------

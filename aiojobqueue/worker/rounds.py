@@ -226,10 +226,13 @@ class AutocommitRound(ParallelRound):
         return [o for o in batch if o.kind == "done" and o.result is None
                 and alone(o.job_id, o.attempt)]
 
-    async def finalize(self, batch: list[Outcome], ask: LeaseAsk | None = None) -> list[Outcome]:
+    async def finalize(self, batch: list[Outcome], ask: LeaseAsk | None = None,
+                       fast: list[Outcome] | None = None) -> list[Outcome]:
         """The fast successes in one statement (finish_fast: one round trip), the rest, and
-        any of those it skipped, fenced and settled in one transaction."""
-        fast = self.fast(batch)
+        any of those it skipped, fenced and settled in one transaction. (``fast``: the
+        batch's fast successes, where the caller has them.)"""
+        if fast is None:
+            fast = self.fast(batch)
         if not fast:
             return await super().finalize(batch)
         fin = self.core.finalizer
@@ -251,14 +254,16 @@ class RoutineRound(AutocommitRound):
     def ask(self, want: int, types: list[str], quick: bool) -> LeaseAsk | None:
         return self.core.claimer.lease_ask(want, types, quick)
 
-    async def finalize(self, batch: list[Outcome], ask: LeaseAsk | None = None) -> list[Outcome]:
+    async def finalize(self, batch: list[Outcome], ask: LeaseAsk | None = None,
+                       fast: list[Outcome] | None = None) -> list[Outcome]:
         """Where every success is fast, as AutocommitRound; else all successes by the
         routine (results to store, a parent or dependents: it does it all), with ``ask``
         riding along: the jobs it leased go to the buffer (and ``ask.claimed``) at once."""
-        fast = self.fast(batch)
+        if fast is None:
+            fast = self.fast(batch)
         done = [o for o in batch if o.kind == "done"]
         if len(fast) == len(done):
-            return await super().finalize(batch)
+            return await super().finalize(batch, None, fast)
         core, state = self.core, self.state
         fin = core.finalizer
         if ask is None:
