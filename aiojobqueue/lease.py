@@ -157,13 +157,23 @@ class PickThenLease:
 
     async def pick(self, conn: AsyncConnection, g: str, n: int, types: list[str],
                    taken: list[Any]) -> int:
-        J = self.db.t.jobs
-        cond = [J.c.state == lit(S.READY), J.c.group_key == g, J.c.type.in_(types)]
-        if taken:
-            cond.append(J.c.id.not_in(taken))
-        pick = self.db.ops.skip_locked(
-            select(J.c.id).where(*cond).order_by(J.c.priority.desc(), J.c.id).limit(n))
-        picked = [r[0] for r in await conn.execute(pick)]
+        db, J = self.db, self.db.t.jobs
+
+        def build(skip: bool) -> Any:
+            cond = [J.c.state == lit(S.READY), J.c.group_key == bindparam("g"),
+                    J.c.type.in_(types)]
+            if skip:  # the ids this claim already picked (its locks would not skip them)
+                cond.append(J.c.id.not_in(bindparam("taken", expanding=True)))
+            return db.ops.skip_locked(select(J.c.id).where(*cond)
+                                      .order_by(J.c.priority.desc(), J.c.id)
+                                      .limit(bindparam("n", type_=Integer())))
+
+        skip = bool(taken)
+        stmt = db.stmt(("pickids", tuple(types), skip), lambda: build(skip))
+        bind: dict[str, Any] = {"g": g, "n": n}
+        if skip:
+            bind["taken"] = list(taken)
+        picked = [r[0] for r in await conn.execute(stmt, bind)]
         taken += picked
         return len(picked)
 
@@ -179,11 +189,14 @@ class PickThenLease:
     async def leased(self, conn: AsyncConnection, taken: list[Any]) -> list[Any]:
         if not taken:
             return []
-        J, ops = self.db.t.jobs, self.db.ops
-        ids = sorted(taken)
-        await conn.execute(update(J).where(ops.in_ids(J.c.id, ids)).values(**self.lease))
-        return list((await conn.execute(
-            select(*claim_columns(self.db.t)).where(ops.in_ids(J.c.id, ids)))).all())
+        db, J = self.db, self.db.t.jobs
+        lease = db.stmt("lease.ids", lambda: update(J).where(
+            db.ops.in_ids_param(J.c.id, "ids")).values(**self.lease))
+        rows = db.stmt("lease.rows", lambda: select(*claim_columns(db.t)).where(
+            db.ops.in_ids_param(J.c.id, "ids")))
+        ids = {"ids": sorted(taken)}
+        await conn.execute(lease, ids)
+        return list((await conn.execute(rows, ids)).all())
 
 
 LeasePath = ReturningLease | PickThenLease
