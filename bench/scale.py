@@ -1,7 +1,7 @@
 """Scale-out: one total concurrency spread over 1, 2, 4 and 8 worker processes.
 
     /work/venv/bin/python bench/scale.py [--jobs 4000] [--concurrency 64] [--ms 10]
-        [--procs 1,2,4,8] [--dbs postgresql,pgbouncer,mariadb] [--gate]
+        [--procs 1,2,4,8] [--dbs postgresql,pgbouncer,mariadb] [--gate] [--pool 4]
 
 For each database and process count P: P worker processes of capacity C/P (``serve()``,
 the defaults a user gets except ``poll_interval=0.2``), idle and ready; then one batch of
@@ -12,8 +12,8 @@ times its claim calls (``Claimer.claim``: the claim's statements in its transact
 ``--gate`` adds a global ``concurrency=C`` cap, so every claim also takes the gate row.
 
 Databases: PostgreSQL at 127.0.0.1:5432 (``postgres``, db ``test``) directly, through a
-PgBouncer this script starts (transaction pooling, ``default_pool_size`` 4, tests/pgbouncer.py;
-workers get ``listen_url`` to the server), and MariaDB at 127.0.0.1:3306 (root, db
+PgBouncer this script starts (transaction pooling, ``default_pool_size`` ``--pool``: 4 unless
+given, tests/pgbouncer.py; workers get ``listen_url`` to the server), and MariaDB at 127.0.0.1:3306 (root, db
 ``test``). While a run drains, the server is sampled every 20 ms or so: on PostgreSQL the wait
 events of the backends running this run's statements (pg_stat_activity, matched by table
 prefix) and their ungranted locks (pg_locks); on MariaDB the InnoDB transactions of this run
@@ -261,7 +261,7 @@ async def main(args: argparse.Namespace) -> None:
     dbs = args.dbs.split(",")
     bouncer = None
     if "pgbouncer" in dbs:
-        bouncer = PgBouncer(PG)
+        bouncer = PgBouncer(PG, pool_size=args.pool)
         bouncer.start()
     results: list[dict[str, Any]] = []
     try:
@@ -278,6 +278,7 @@ async def main(args: argparse.Namespace) -> None:
     direct = {r["procs"]: r["rate"] for r in results if r["db"] == "postgresql"}
     print(f"\ntotal concurrency {args.concurrency}, {args.jobs} jobs of {args.ms} ms, "
           f"{'global cap ' + str(args.concurrency) if args.gate else 'no global cap'}, "
+          f"PgBouncer default_pool_size {args.pool}, "
           f"{os.cpu_count()} CPUs")
     head = (f"{'database':<11} {'procs':>5} {'cap':>4} {'jobs/s':>7} {'vs x1':>6} "
             f"{'vs direct':>9} {'claim p50':>9} {'p99':>7} {'cpu/job':>7} {'commits/job':>11} "
@@ -313,4 +314,6 @@ if __name__ == "__main__":
     ap.add_argument("--procs", default="1,2,4,8")
     ap.add_argument("--dbs", default="postgresql,pgbouncer,mariadb")
     ap.add_argument("--gate", action="store_true")
+    ap.add_argument("--pool", type=int, default=4,
+                    help="PgBouncer's default_pool_size (server connections shared by all)")
     asyncio.run(main(ap.parse_args()))
