@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     func,
@@ -31,9 +31,10 @@ from .sql import lit
 from .timeutil import db_now
 
 
-@dataclass(frozen=True)
-class Claimed:
-    """A leased attempt: what the executor needs to run it and the fence to finish it."""
+class Claimed(NamedTuple):
+    """A leased attempt: what the executor needs to run it and the fence to finish it.
+    (Immutable; a NamedTuple rather than a frozen dataclass: one is built for every job,
+    in a third of the time.)"""
 
     id: int
     type: str
