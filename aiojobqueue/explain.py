@@ -24,7 +24,10 @@ Reason codes (``Reason.code``), in the order they are reported:
 * ``rate_limit`` a RateLimit is used up (data: name, n, per, next_at);
 * ``limit``      one of this queue's custom Limits allows no start now (data: limit);
 * ``fair_share`` slots are scarce and other groups are owed the next ones (data: group,
-                 running, weight, ahead);
+                 running, weight, ahead): the claim's order, the lowest
+                 ``running / weight`` first and equal ratios in the rotation after the
+                 last group this process served (docs/scheduling.md, "Bounded wait"; a
+                 process that claimed nothing yet starts from the first name);
 * ``ready``      nothing holds it: a worker should take it next (data: ahead_in_group,
                  workers_busy).
 """
@@ -45,7 +48,7 @@ from .errors import JobNotFoundError
 from .fleet import fleet_caps
 from .limits import RateLimit
 from .models import JobState
-from .policy import GroupDemand
+from .policy import GroupDemand, rotation_key
 from .settings import Settings
 from .sql import lit
 from .timeutil import db_now, utcnow_plus
@@ -130,7 +133,7 @@ async def explain(core: Core, job_id: int) -> Explanation:
         elif state == S.SCHEDULED and row.run_after > now:
             reasons = [_scheduled(row, now)]
         else:  # ready, or scheduled and due (the next claim promotes it)
-            reasons = await _held(s, db, conn, row, now)
+            reasons = await _held(s, db, conn, row, now, core.claimer.cursor)
         return Explanation(row.id, row.type, row.group_key, JobState(state), reasons)
 
     return await db.read(read)
@@ -237,9 +240,11 @@ async def _count(conn: AsyncConnection, stmt: Any) -> int:
 
 
 async def _held(
-    s: Settings, db: Database, conn: AsyncConnection, row: Any, now: datetime
+    s: Settings, db: Database, conn: AsyncConnection, row: Any, now: datetime,
+    cursor: str | None,
 ) -> list[Reason]:
-    """What holds a runnable job: workers, caps, limits, fair share; else ``ready``."""
+    """What holds a runnable job: workers, caps, limits, fair share; else ``ready``.
+    ``cursor``: this process's fair-share rotation point (``Claimer.cursor``)."""
     J = db.t.jobs
     fleet = await fleet_caps(s, db, conn)
     out: list[Reason] = []
@@ -305,9 +310,13 @@ async def _held(
         .limit(10_000).subquery()))
     mine = demand.get(row.group_key)
     if busy and mine is not None and len(demand) > 1:
-        def key(g: str) -> tuple[float, int, str]:
+        # The claim's order (policy.fair_share with rotate=True): the lowest ratio first;
+        # at a tie the rotation after this process's cursor, never the weight.
+        turn = rotation_key(cursor)
+
+        def key(g: str) -> tuple[float, tuple[int, str]]:
             d = demand[g]
-            return (d.running / max(d.weight, 1), -d.weight, g)
+            return (d.running / max(d.weight, 1), turn(g))
 
         ahead = sorted((g for g in demand if key(g) < key(row.group_key)), key=key)
         if ahead:

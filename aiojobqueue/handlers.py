@@ -10,6 +10,7 @@ comparisons, not ``inspect.Signature.bind``.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
@@ -162,3 +163,29 @@ class Handler(Generic[P, R]):
 
     def __repr__(self) -> str:
         return f"<Handler {self.type!r} {getattr(self.spec.fn, '__qualname__', '?')}>"
+
+
+def registrar(
+    type: str, timeout: float | None, max_attempts: int | None, retry_on: RetryOn,
+    handlers: dict[str, HandlerSpec], enqueue: Callable[..., Awaitable[int]],
+) -> Callable[[Callable[P, Coroutine[Any, Any, R]]], Handler[P, R]]:
+    """The decorator ``JobQueue.handler(type, ...)`` returns: the options are checked now,
+    the function when it is decorated (an async function taking ``ctx`` and its args by
+    name); it is then registered in ``handlers`` and comes back as a ``Handler`` whose
+    ``.enqueue`` calls ``enqueue``. Raises ConfigurationError."""
+    if timeout is not None and timeout <= 0:
+        raise ConfigurationError(f"timeout must be > 0: {timeout!r}")
+    if max_attempts is not None and max_attempts < 1:
+        raise ConfigurationError(f"max_attempts must be >= 1: {max_attempts!r}")
+    retry = retry_types(retry_on, type)
+
+    def register(fn: Callable[P, Coroutine[Any, Any, R]]) -> Handler[P, R]:
+        if isinstance(fn, Handler):  # registered again (another type or queue)
+            fn = fn.fn
+        if not asyncio.iscoroutinefunction(fn):
+            raise ConfigurationError(f"handler for {type!r} must be an async function")
+        spec = HandlerSpec(fn, timeout, max_attempts, retry, Params.of(fn, type))
+        handlers[type] = spec
+        return Handler(type, spec, enqueue)
+
+    return register

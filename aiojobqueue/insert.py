@@ -20,7 +20,7 @@ from .batch import JobRef, Node, Ref, _Spec
 from .claim import Claimer
 from .dag import plan_graph
 from .database import Database
-from .dialects.base import InsertPath, JobColumns
+from .dialects.bulk import InsertPath, JobColumns
 from .errors import InvalidJobError
 from .settle import Settler
 from .signals import Signals

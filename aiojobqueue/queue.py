@@ -1,5 +1,6 @@
-"""JobQueue: the facade. Configuration and registration, lifecycle (start builds the parts
-in core.py), enqueue/get/wait/cancel/retry, serve."""
+"""JobQueue: the facade. Configuration and registration (a handler's rules are
+handlers.py's), lifecycle (core.py opens and builds the parts, and takes them down),
+enqueue/get/wait/cancel/retry, serve."""
 
 from __future__ import annotations
 
@@ -16,9 +17,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from . import schema as S
 from .batch import MAX_ID, Batch, JobRef
-from .core import Core, build_core
-from .database import Database
-from .dialects.urls import async_url, dialect_for, listen_url_for, open_engine
+from .core import Core, close_core, open_core
+from .dialects.urls import async_url, listen_url_for
 from .errors import (
     ConfigurationError,
     JobCancelled,
@@ -28,11 +28,10 @@ from .errors import (
 )
 from .executor import JobContext
 from .explain import Explanation, explain
-from .handlers import Handler, HandlerSpec, Params, RetryOn, retry_types
+from .handlers import Handler, HandlerSpec, RetryOn, registrar
 from .hooks import Hooks
 from .insert import Inserter
 from .limits import Limit
-from .migrate import check, install_routines, upgrade
 from .models import Job, JobState
 from .periodic import Schedule, make_schedule
 from .settings import DEFAULT_POOL_SIZE, Settings
@@ -124,8 +123,6 @@ class JobQueue:
         self._handlers: dict[str, HandlerSpec] = {}
         self._hooks = Hooks()
         self._schedules: dict[str, Schedule] = {}
-        self._engine: AsyncEngine | None = None
-        self._owns_engine = False
         #: the parts of the started queue (None until start())
         self._core: Core | None = None
         self._inserter: Inserter | None = None
@@ -179,22 +176,7 @@ class JobQueue:
         Returns a ``Handler``: still the coroutine function, with ``.enqueue(args, ...)``.
         Enqueues of this type from this queue check their args against ``fn``'s signature.
         """
-        if timeout is not None and timeout <= 0:
-            raise ConfigurationError(f"timeout must be > 0: {timeout!r}")
-        if max_attempts is not None and max_attempts < 1:
-            raise ConfigurationError(f"max_attempts must be >= 1: {max_attempts!r}")
-        retry = retry_types(retry_on, type)
-
-        def register(fn: Callable[P, Coroutine[Any, Any, R]]) -> Handler[P, R]:
-            if isinstance(fn, Handler):  # registered again (another type or queue)
-                fn = fn.fn
-            if not asyncio.iscoroutinefunction(fn):
-                raise ConfigurationError(f"handler for {type!r} must be an async function")
-            spec = HandlerSpec(fn, timeout, max_attempts, retry, Params.of(fn, type))
-            self._handlers[type] = spec
-            return Handler(type, spec, self.enqueue)
-
-        return register
+        return registrar(type, timeout, max_attempts, retry_on, self._handlers, self.enqueue)
 
     def periodic(
         self,
@@ -240,47 +222,26 @@ class JobQueue:
 
         ``migrate=False`` creates nothing: it raises SchemaError unless the schema is there
         and current (for read-only tools such as ``aiojobqueue status``)."""
-        if self._engine is not None:
+        if self._core is not None:
             return
-        if isinstance(self._url, AsyncEngine):
-            engine = self._url
-        else:
-            engine = await open_engine(self._url, self._settings.pool_size)
-            self._owns_engine = True
-        ops = dialect_for(engine, self._t, self._settings.listen_url)
-        self._engine = engine = ops.prepare_engine(engine)
         s = self._settings
-        db = Database(engine, ops, self._t, s.worker_id)
-        try:
-            await (upgrade(db) if migrate else check(db))
-            routines = await install_routines(db, create=migrate)
-        except BaseException:
-            await ops.release()
-            await self.close()
-            raise
-        self._core, self._inserter = build_core(
-            s, db, routines, round_kind=ops.round_kind(routines is not None), hooks=self._hooks,
+        self._core, self._inserter = await open_core(
+            self._url, s, self._t, migrate=migrate, hooks=self._hooks,
             handlers=self._handlers, schedules=self._schedules,
-            make_context=partial(JobContext, self, db, s.worker_id),
+            # (a partial: no Python frame per job)
+            make_context=lambda db: partial(JobContext, self, db, s.worker_id),
             batch_on=lambda conn: self.batch(connection=conn))
 
     async def close(self) -> None:
         """Dispose of the engine aiojobqueue created (a passed-in engine is left alone)."""
         core, self._core = self._core, None
-        if core is not None:  # split releases in flight land first (a part left: a sweep's)
-            await core.splits.close()
-        engine, self._engine = self._engine, None
         if core is not None:
-            await core.db.ops.release()
-        if engine is not None and self._owns_engine:
-            await engine.dispose()
+            await close_core(core)
 
     @property
     def engine(self) -> AsyncEngine:
         """The started queue's engine (raises NotStartedError before ``start()``)."""
-        if self._engine is None:
-            raise NotStartedError(_NOT_STARTED)
-        return self._engine
+        return self._started().db.engine
 
     def _started(self) -> Core:
         if self._core is None:

@@ -13,7 +13,8 @@ It shares everything with ``JobQueue`` rather than being a second implementation
   answered by the sync connection at once, so the coroutine never suspends and is driven
   to its end without an event loop (``syncbridge.drive``). The connection is the caller's
   (``connection=``: the jobs exist iff the caller's transaction commits) or one of the
-  SyncQueue's own sync engine (``_insert_own``: the flow of ``Inserter.insert``). No
+  SyncQueue's own sync engine (the flow of ``Inserter.insert``); syncinsert.py holds
+  those engines and both flows. No
   hand-over to the loop's thread and back: measured, that cost 25-45% of the enqueue rate
   (bench/sync_enqueue.py has the figures of the design kept).
 * A forked child (gunicorn, multiprocessing) starts afresh on its first call: the loop's
@@ -24,23 +25,20 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
 import threading
-import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Coroutine, Iterable
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session
 
 from . import schema as S
 from .batch import Batch, JobRef
-from .dialects.urls import async_url, async_url_of, sync_ops_for
+from .dialects.urls import async_url, async_url_of
 from .errors import (
     ConfigurationError,
     InvalidJobError,
@@ -52,7 +50,8 @@ from .insert import Inserter
 from .models import Job
 from .queue import JobQueue
 from .settings import DEFAULT_POOL_SIZE
-from .syncbridge import bridge, drive
+from .syncbridge import drive
+from .syncinsert import SyncInserts
 
 T = TypeVar("T")
 
@@ -88,14 +87,8 @@ class SyncQueue:
 
         self._make_queue = make_queue
         self._queue = make_queue()
-        ops, sync = sync_ops_for(url)
-        #: the engine of the SyncQueue's own inserts (in the caller's thread)
-        self._engine = ops.sync_engine(sync, pool_size)
-        #: where a lone enqueue is one statement in autocommit (InsertPath.alone_sync), an
-        #: engine whose connections are in autocommit from the start (switching a pooled
-        #: one there and back costs more than the statement); made on first use
-        self._sync_url, self._ops_class, self._pool_size = sync, ops, pool_size
-        self._autocommit: Engine | None = None
+        #: the inserts, in the caller's thread, on sync engines of their own
+        self._inserts = SyncInserts(url, pool_size, self._inserter)
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -112,7 +105,7 @@ class SyncQueue:
         """The sync engine this SyncQueue inserts with (the URL's sync driver: psycopg,
         PyMySQL, sqlite3). An app may share it for its own tables, so that one URL serves
         both; enqueue with ``connection=`` on it to join the app's transactions."""
-        return self._engine
+        return self._inserts.engine
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -125,10 +118,7 @@ class SyncQueue:
             loop, thread = self._loop, self._thread
             self._closed = True
             self._loop = self._thread = None
-        self._engine.dispose()
-        if self._autocommit is not None:
-            self._autocommit.dispose()
-            self._autocommit = None
+        self._inserts.close()
         if loop is None or thread is None:
             return
         try:
@@ -177,9 +167,7 @@ class SyncQueue:
         them would end the parent's sessions) and start afresh on first use."""
         self._lock = threading.Lock()  # (the parent's may have been held at the fork)
         self._pid = os.getpid()
-        self._engine.dispose(close=False)
-        if self._autocommit is not None:
-            self._autocommit.dispose(close=False)
+        self._inserts.forked()
         self._queue = self._make_queue()
         self._loop = self._thread = None
 
@@ -209,8 +197,8 @@ class SyncQueue:
         conn = connection
 
         async def insert(specs: list[Any], _: Any) -> list[int]:
-            # never suspends (see _drive)
-            return self._insert_own(specs) if conn is None else self._insert_on(specs, conn)
+            # never suspends (see syncbridge.drive)
+            return self._inserts.own(specs) if conn is None else self._inserts.on(specs, conn)
 
         return SyncBatch(Batch(self._queue.settings, self._queue._handlers, insert, None))
 
@@ -238,70 +226,6 @@ class SyncQueue:
                     max_attempts=max_attempts, key=key, parent=parent)
         b.commit()
         return ref.id
-
-    def _insert_on(self, specs: list[Any], connection: Connection | Session) -> list[int]:
-        """Insert ``specs`` on the caller's connection, in the caller's thread (see the
-        module docstring)."""
-        inserter = self._inserter()
-        # (a Connection not yet in a transaction begins one: SQLAlchemy's autobegin)
-        conn = connection.connection() if isinstance(connection, Session) else connection
-        aconn = bridge(conn, inserter.db.ops)
-
-        async def insert() -> list[int]:
-            await inserter.db.ops.begin_write(aconn)
-            ids, _ = await inserter.insert_specs(aconn, specs)
-            return ids
-
-        return drive(insert())
-
-    def _insert_own(self, specs: list[Any]) -> list[int]:
-        """Insert ``specs`` on the SyncQueue's own engine, as ``Inserter.insert`` does: a
-        lone plain job as one statement in autocommit where the dialect has one, else a
-        transaction (a lock conflict retries it whole, a race on a key looks again)."""
-        inserter = self._inserter()
-        db = inserter.db
-        if inserter.path.alone_sync is not None and inserter._lone(specs):
-            done = inserter.insert_alone_sync(self._autocommit_engine(), specs)
-            if done is not None:
-                return done[0]
-        for attempt in range(3):
-            try:
-                return self._write(lambda c: drive(inserter.insert_specs(
-                    bridge(c, db.ops), specs))[0])
-            except IntegrityError:  # a concurrent insert took the same key: look again
-                if attempt == 2:
-                    raise
-                for s in specs:
-                    s.ref._id = None
-        raise AssertionError("unreachable")
-
-    def _autocommit_engine(self) -> Engine:
-        engine = self._autocommit
-        if engine is None:
-            with self._lock:
-                if self._closed:
-                    raise NotStartedError("this SyncQueue is closed")
-                if self._autocommit is None:
-                    self._autocommit = self._ops_class.sync_engine(
-                        self._sync_url, self._pool_size, isolation_level="AUTOCOMMIT")
-                engine = self._autocommit
-        return engine
-
-    def _write(self, fn: Callable[[Connection], T], retries: int = 8) -> T:
-        """``fn(conn)`` in a transaction of the own engine; a lock conflict or deadlock
-        retries it whole after a short jittered backoff (``Database.retrying``'s rule)."""
-        db = self._inserter().db
-        delay = 0.005
-        for attempt in range(retries + 1):
-            try:
-                with self._engine.begin() as conn:
-                    return fn(conn)
-            except Exception as exc:
-                if attempt == retries or not db.is_conflict(exc):
-                    raise
-                time.sleep(delay * (1 + random.random()))
-                delay = min(delay * 2, 1.0)
-        raise AssertionError("unreachable")
 
     def _inserter(self) -> Inserter:
         """The private JobQueue's Inserter (started on first use: the schema exists)."""

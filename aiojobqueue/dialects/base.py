@@ -1,12 +1,12 @@
 """The dialect seam: the few things that differ between databases.
 
 Everything else (the tick loop, fair share, retries, roll-up) is dialect-neutral and talks to
-the database only through SQLAlchemy Core plus the hooks below.
+the database only through SQLAlchemy Core plus the hooks below. The insert hooks and the
+bulk insert path are bulk.py's (``InsertHooks``, which DialectOps inherits).
 """
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -20,16 +20,15 @@ from sqlalchemy import (
     Table,
     Text,
     bindparam,
-    insert,
     select,
     union_all,
 )
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-from sqlalchemy.sql.compiler import InsertmanyvaluesSentinelOpts
 
 from ..schema import Tables
+from .bulk import InsertHooks
 
 if TYPE_CHECKING:
     from ..database import Database
@@ -39,50 +38,6 @@ if TYPE_CHECKING:
     from ..worker.rounds import ParallelRound
 
 WakeCallback = Callable[[str], None]
-
-#: Jobs to insert as one list per field (see DialectOps.insert_jobs): type, kind, state,
-#: args (JSON text), parent_id, group_key, weight, priority, pending, max_attempts, timeout,
-#: key, cancelled_by, has_dependents, error and trace (JSON text or None); and the times: delay
-#: (seconds from the database's now, or None) or run_at (an absolute run_after); dead (born
-#: cancelled: finished now, no live_key). attempts start at 0, attempt_limit = max_attempts.
-JobColumns = dict[str, list[Any]]
-#: Edges per executemany call (DialectOps.insert_edges).
-EDGE_CHUNK = 2500
-JOB_FIELDS = (
-    "type", "kind", "state", "args", "parent_id", "group_key", "weight", "priority", "pending",
-    "max_attempts", "timeout", "key", "cancelled_by", "has_dependents", "error", "delay",
-    "run_at", "dead", "trace",
-)
-
-
-def varying_fields(cols: JobColumns) -> frozenset[str]:
-    """The fields whose value is not the same on every row (a bulk statement binds the
-    others once). With more than one row, args always counts as varying, so the statement
-    always has one per-row field to number its rows by."""
-    n = len(cols["args"])
-    if n == 1:
-        return frozenset()
-    return frozenset(
-        name for name, vals in cols.items() if name == "args" or vals.count(vals[0]) != n
-    )
-
-
-def json_rows_params(cols: JobColumns, varying: list[str]) -> dict[str, Any]:
-    """Parameters of a JSON-rows bulk INSERT (SQLite json_each, MariaDB JSON_TABLE): every
-    constant field bound once, the varying ones as one JSON array of rows, ``rows``."""
-    params = {name: vals[0] for name, vals in cols.items() if name not in varying}
-    params["rows"] = json.dumps(list(zip(*(cols[name] for name in varying), strict=True)))
-    return params
-
-
-async def run_bulk_insert(
-    conn: AsyncConnection, sql: str, params: dict[str, Any], n: int
-) -> list[int]:
-    """Run a bulk INSERT ... RETURNING id of ``n`` rows; the ids sorted (drawn in row order)."""
-    got = sorted(r[0] for r in await conn.exec_driver_sql(sql, params))
-    if len(got) != n:  # pragma: no cover - defensive
-        raise RuntimeError("bulk INSERT returned the wrong number of ids")
-    return got
 
 
 class Listener(ABC):
@@ -98,7 +53,7 @@ class Listener(ABC):
         """Listen until cancelled, calling ``on_wake(payload)``; reconnects on drops."""
 
 
-class DialectOps(ABC):
+class DialectOps(InsertHooks, ABC):
     """What one database family does its own way."""
 
     #: a short name for messages (the command line's status, logs)
@@ -162,16 +117,12 @@ class DialectOps(ABC):
 
         return ReturningWrites(db, release_call)
 
-    def insert_path(self) -> InsertPath:
-        """How jobs are inserted (see insert.py)."""
-        return InsertPath(self)
-
     def materialized(self, cte: CTE) -> CTE:
         """``cte`` computed once before the statement that reads it, where the dialect can
         be told so (it then keeps its own plan: an index scan)."""
         return cte
 
-    async def upgrade_live_key(self, conn: AsyncConnection, ux: Any) -> None:  # noqa: B027
+    async def upgrade_live_key(self, conn: AsyncConnection, ux: Any) -> None:
         """Schema v4: make ``live_key`` unique through the index ``ux`` instead of a UNIQUE
         constraint on the column (see migrate._v3_to_v4). Default: keep the constraint."""
 
@@ -182,7 +133,7 @@ class DialectOps(ABC):
         """Whether the dialect builds partial indexes (migrations rebuild them)."""
         return self.has_partial_indexes
 
-    @staticmethod  # noqa: B027 - optional hook
+    @staticmethod
     def check_shared(url: URL) -> None:
         """Raise ConfigurationError if ``url`` names a database that other processes (the
         workers) cannot share."""
@@ -191,7 +142,7 @@ class DialectOps(ABC):
         """Install hooks / options on ``engine``; returns the engine the queue should use."""
         return engine
 
-    async def check_server(self, conn: AsyncConnection) -> None:  # noqa: B027 - optional hook
+    async def check_server(self, conn: AsyncConnection) -> None:
         """Raise UnsupportedDatabaseError when the server cannot run the claim."""
 
     def in_ids(self, col: Any, ids: Sequence[int]) -> Any:
@@ -254,7 +205,7 @@ class DialectOps(ABC):
         m = self.t.meta
         await conn.execute(self.for_update(select(m.c.value).where(m.c.name == "gate")))
 
-    async def begin_write(self, conn: AsyncConnection) -> None:  # noqa: B027 - optional hook
+    async def begin_write(self, conn: AsyncConnection) -> None:
         """Before an insert on a caller's connection reads anything: make the caller's
         transaction hold what a write transaction of the queue's own would (no-op where the
         insert's row locks already keep what it reads true until commit)."""
@@ -273,7 +224,7 @@ class DialectOps(ABC):
         """Execution options for a read-only transaction, where the dialect cares (SQLite)."""
         return None
 
-    async def notify(self, conn: AsyncConnection, payload: str = "") -> None:  # noqa: B027
+    async def notify(self, conn: AsyncConnection, payload: str = "") -> None:
         """Send a wake-up inside the caller's transaction (delivered on commit)."""
 
     def notify_expr(self) -> Any:
@@ -327,7 +278,7 @@ class DialectOps(ABC):
     @abstractmethod
     def _is_transient(self, exc: BaseException) -> bool: ...
 
-    async def release(self) -> None:  # noqa: B027 - optional hook
+    async def release(self) -> None:
         """Give back what the dialect holds between calls (JobQueue.close)."""
 
     def side_writer(self, engine: AsyncEngine) -> Engine | None:
@@ -356,82 +307,9 @@ class DialectOps(ABC):
         """A bind parameter for a JSON column that takes already encoded JSON text."""
         return bindparam(name, type_=Text())
 
-    async def insert_jobs(
-        self, conn: AsyncConnection, cols: JobColumns, wake: bool
-    ) -> list[int] | None:
-        """Insert jobs in one bulk statement and return their ids in order, sending the
-        wake-up from that statement when ``wake``; or None where the dialect has no bulk path
-        (InsertPath.rows then runs SQLAlchemy's executemany INSERT)."""
-        return None
-
-    async def insert_edges(
-        self, conn: AsyncConnection, job_ids: list[int], up_ids: list[int]
-    ) -> None:
-        """Insert the dependency edges ``job_ids[i]`` -> ``up_ids[i]`` (executemany; a
-        dialect with an array type binds them as two arrays in one statement)."""
-        D = self.t.deps
-        for i in range(0, len(job_ids), EDGE_CHUNK):
-            await conn.execute(insert(D), [
-                {"job_id": j, "depends_on_id": u}
-                for j, u in zip(job_ids[i : i + EDGE_CHUNK], up_ids[i : i + EDGE_CHUNK],
-                                strict=True)
-            ])
-
 
 def _numbered(groups: list[str], ns: list[int]) -> dict[str, Any]:
     """The parameters of DialectOps.pick_groups' default statement."""
     out: dict[str, Any] = {f"g{i}": g for i, g in enumerate(groups)}
     out.update({f"n{i}": n for i, n in enumerate(ns)})
     return out
-
-
-class InsertPath:
-    """How jobs reach the table (see insert.py): ``alone``, a lone enqueue as one statement
-    in autocommit (None: none here); ``bulk``, one level of a batch as one statement (None:
-    none here); ``rows``, SQLAlchemy's executemany INSERT, returning the new ids in order."""
-
-    #: ``alone(engine, cols, wake)``: the ids, the jobs committed; or None (nothing written)
-    alone: Callable[[AsyncEngine, JobColumns, bool], Awaitable[list[int] | None]] | None = None
-    #: ``alone_sync(engine, cols, wake)``: ``alone`` on a sync engine in autocommit
-    #: (SyncQueue's), the ids; None: none here
-    alone_sync: Callable[[Engine, JobColumns, bool], list[int]] | None = None
-
-    def __init__(self, ops: DialectOps) -> None:
-        self.ops = ops
-
-    async def bulk(self, conn: AsyncConnection, cols: JobColumns, wake: bool) -> list[int] | None:
-        """DialectOps.insert_jobs: the ids, or None where there is no bulk statement."""
-        return await self.ops.insert_jobs(conn, cols, wake)
-
-    async def rows(self, conn: AsyncConnection, jobs: Table, stmt: Any,
-                   params: list[dict[str, Any]], extra: list[Any]) -> list[int]:
-        """Insert ``params`` by ``stmt`` (executemany), RETURNING their ids in order (and
-        ``extra`` in the first statement: the wake-up)."""
-        dialect = conn.dialect
-        ordered = dialect.insert_executemany_returning_sort_by_parameter_order and bool(
-            dialect.insertmanyvalues_implicit_sentinel
-            & InsertmanyvaluesSentinelOpts.ANY_AUTOINCREMENT)
-        step = ROWS_CHUNK * 5
-        ids: list[int] = []
-        for c in range(0, len(params), step):
-            chunk = params[c : c + step]
-            if ordered:
-                res = await conn.execute(
-                    stmt.returning(jobs.c.id, *extra, sort_by_parameter_order=True), chunk)
-                ids += [r[0] for r in res.all()]
-            else:
-                # Without an implicit sentinel SQLAlchemy would send ordered RETURNING one row
-                # per statement. Unordered, it sends multi-row INSERTs in order; under the
-                # write lock each numbers its rows upwards in VALUES order, so the sorted ids
-                # are the rows' ids.
-                res = await conn.execute(stmt.returning(jobs.c.id, *extra), chunk)
-                got = sorted(r[0] for r in res.all())
-                if len(got) != len(chunk):  # pragma: no cover - defensive
-                    raise RuntimeError("multi-row INSERT returned the wrong number of ids")
-                ids += got
-            extra = []
-        return ids
-
-
-#: rows per executemany call of InsertPath.rows (x5 where RETURNING comes back)
-ROWS_CHUNK = 1000

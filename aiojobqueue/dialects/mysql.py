@@ -30,13 +30,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..errors import UnsupportedDatabaseError
 from ..schema import LIVE, TERMINAL
-from .base import (
+from .base import DialectOps, Listener
+from .bulk import (
     JOB_FIELDS,
     ROWS_CHUNK,
-    DialectOps,
     InsertPath,
     JobColumns,
-    Listener,
     json_rows_params,
     run_bulk_insert,
     varying_fields,

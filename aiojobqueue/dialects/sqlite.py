@@ -21,16 +21,8 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..errors import ConfigurationError
-from .base import (
-    JOB_FIELDS,
-    DialectOps,
-    JobColumns,
-    Listener,
-    WakeCallback,
-    json_rows_params,
-    run_bulk_insert,
-    varying_fields,
-)
+from .base import DialectOps, Listener, WakeCallback
+from .bulk import JOB_FIELDS, JobColumns, json_rows_params, run_bulk_insert, varying_fields
 from .columns import _EPOCH
 
 if TYPE_CHECKING:

@@ -233,3 +233,51 @@ async def test_bell_watch_comes_back_after_an_outage(
                 await asyncio.wait_for(ran.wait(), PROMPT)
             finally:
                 await _stop(worker)
+
+
+@pytest.mark.parametrize("db", ["postgresql"], indirect=True)
+async def test_listener_connects_with_the_engines_connect_args(
+    make_queue: Callable[..., JobQueue], db_url: str, prefix: str
+) -> None:
+    """A ready-made engine's ``connect_args`` (here ``server_settings``' application_name;
+    SSL options alike) hold for the LISTEN connection too: the server shows the listener's
+    connection under that name, another process's enqueue wakes the worker through it, and
+    it is closed when the worker stops (taken out of the engine's pool, it is not left
+    there)."""
+    from conftest import eventually
+    from sqlalchemy import text
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    name = f"ajq-listen-{prefix}"
+    engine = create_async_engine(
+        db_url, connect_args={"server_settings": {"application_name": name}})
+    q = JobQueue(engine, prefix=prefix, poll_interval=POLL)  # (make_queue drops the tables)
+    ran = asyncio.Event()
+
+    @q.handler("t")
+    async def t(ctx: Any) -> None:
+        ran.set()
+
+    async def listening() -> int:
+        async with engine.connect() as conn:
+            return int((await conn.execute(text(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = :n "
+                "AND query LIKE 'LISTEN %'"), {"n": name})).scalar_one())
+
+    try:
+        async with q:
+            worker = await _idle_worker(q)
+            try:
+                await eventually(listening, timeout=PROMPT)
+                assert await listening() == 1
+                await _run_script(PRODUCER, db_url, prefix)
+                await asyncio.wait_for(ran.wait(), PROMPT)
+            finally:
+                await _stop(worker)
+            await eventually(lambda: _none(listening), timeout=PROMPT)
+    finally:
+        await engine.dispose()
+
+
+async def _none(count: Callable[[], Any]) -> bool:
+    return bool(await count() == 0)

@@ -113,9 +113,9 @@ async def test_ten_thousand_job_batch_uses_few_statements(
 
 
 async def test_wide_fan_in_inserts_every_edge_once(queue: JobQueue) -> None:
-    """More edges than one executemany chunk (dialects.base.EDGE_CHUNK), some listed
+    """More edges than one executemany chunk (dialects.bulk.EDGE_CHUNK), some listed
     twice: every edge is stored once and the sink waits for all of them."""
-    from aiojobqueue.dialects.base import EDGE_CHUNK
+    from aiojobqueue.dialects.bulk import EDGE_CHUNK
 
     ran: list[str] = []
 

@@ -257,6 +257,37 @@ async def test_fair_share_and_next_in_line(make_queue: Callable[..., JobQueue]) 
         await q.wait(a2, timeout=15)
 
 
+async def test_fair_share_ties_follow_the_claims_rotation(
+    make_queue: Callable[..., JobQueue],
+) -> None:
+    """Equal ratios are decided by the claim's rotation, not by weight. One slot, busy with
+    group m (the last group served, so the rotation goes on after m): of the idle groups a
+    (weight 3) and z (weight 1), z is owed the next slot, so a is held by fair share, and
+    the claim then starts z before a."""
+    q = make_queue(capacity=1)
+    gate = asyncio.Event()
+    started: list[int] = []
+
+    @q.handler("t")
+    async def run(ctx: JobContext) -> None:
+        started.append(ctx.job_id)
+        await gate.wait()
+
+    async with q, serving(q):
+        m = await q.enqueue("t", group="m")
+        await codes_become(q, m, "running")
+        a = await q.enqueue("t", group="a", weight=3)
+        z = await q.enqueue("t", group="z")
+        e = await codes_become(q, a, "fair_share")  # once the beat registered running=1
+        assert e.reasons[0].data == {"group": "a", "running": 0, "weight": 3, "ahead": ["z"]}
+        e = await q.explain(z)
+        assert e.codes == ["ready"]
+        assert e.reasons[0].data == {"ahead_in_group": 0, "workers_busy": True}
+        gate.set()
+        await q.wait(a, timeout=15)
+    assert started == [m, z, a]
+
+
 async def test_ready_when_nothing_holds_it(make_queue: Callable[..., JobQueue]) -> None:
     """A live worker elsewhere serves the type and has room (its registry row, as its
     heartbeat writes it): nothing holds the job; the jobs ahead of it in its group count."""

@@ -37,7 +37,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ...errors import ConfigurationError
 from ...schema import Tables
-from ..base import DialectOps, InsertPath, Listener
+from ..base import DialectOps, Listener
+from ..bulk import InsertPath
 from . import routines
 from .insert import PgInsert, PgInsertPath
 from .listener import PROBE_WAIT, Deafness, PgListener

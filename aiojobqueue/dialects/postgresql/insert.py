@@ -12,7 +12,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.util import greenlet_spawn
 
-from ..base import InsertPath, JobColumns, varying_fields
+from ..bulk import InsertPath, JobColumns, varying_fields
 
 
 class PgInsert:

@@ -30,11 +30,16 @@ class Deafness:
 
 
 class PgListener(Listener):
-    """LISTEN on its own NullPool connection: never returned to a pool, never runs SQLAlchemy
+    """LISTEN on a connection of its own: never returned to a pool, never runs SQLAlchemy
     statements (a transaction left open there would hold back every notification).
 
-    It connects to ``listen_url`` where given (a direct connection when ``engine`` goes
-    through a transaction pooler), else to the engine's URL. Once listening it sends itself
+    Without ``listen_url`` the connection is made by ``engine`` itself and then detached
+    from its pool (``PoolProxiedConnection.detach``: closing it closes it), so it connects
+    as every other connection of the queue does: the engine's ``connect_args`` (SSL,
+    ``server_settings``), its URL's options, a ``creator`` and its connect hooks. With
+    ``listen_url`` (a direct connection when ``engine`` goes through a transaction pooler)
+    it connects there through a NullPool engine of its own, with the options that URL
+    carries in its query. Once listening it sends itself
     a NOTIFY through ``engine``; if that does not come back within PROBE_WAIT seconds (a
     transaction pooler passes LISTEN to some server connection and never forwards what it
     receives), it logs one warning and returns: the worker polls."""
@@ -42,20 +47,23 @@ class PgListener(Listener):
     def __init__(self, engine: AsyncEngine, channel: str, listen_url: URL | None,
                  deaf: Deafness) -> None:
         self._engine = engine
+        self._listen_url = listen_url
         self._url = listen_url or engine.url
         self._channel = channel
         self._deaf = deaf
 
     async def run(self, on_wake: WakeCallback) -> None:
-        # its statements are the dialect's first-connect queries, LISTEN and SELECT 1: no
-        # cache is worth keeping, and none may outlive its transaction behind a pooler
-        engine = create_async_engine(self._url, poolclass=NullPool,
-                                     connect_args=POOLED_CONNECT_ARGS)
+        own: AsyncEngine | None = None
+        if self._listen_url is not None:
+            # its statements are the dialect's first-connect queries, LISTEN and SELECT 1:
+            # no cache is worth keeping, and none may outlive its transaction behind a pooler
+            own = create_async_engine(self._listen_url, poolclass=NullPool,
+                                      connect_args=POOLED_CONNECT_ARGS)
         delay = 0.1
         try:
             while True:
                 try:
-                    if not await self._listen_once(engine, on_wake):
+                    if not await self._listen_once(own, on_wake):
                         return
                     delay = 0.1
                 except asyncio.CancelledError:
@@ -66,7 +74,8 @@ class PgListener(Listener):
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 5.0)
         finally:
-            await engine.dispose()
+            if own is not None:
+                await own.dispose()
 
     async def _probe(self, came: asyncio.Future[None], payload: str) -> bool:
         """Send ``payload`` on the channel through the queue's engine (the path every other
@@ -81,13 +90,17 @@ class PgListener(Listener):
             return False
         return True
 
-    async def _listen_once(self, engine: AsyncEngine, on_wake: WakeCallback) -> bool:
+    async def _listen_once(self, own: AsyncEngine | None, on_wake: WakeCallback) -> bool:
         """Listen until the connection is lost (raises); False if notifications do not
-        arrive on it."""
-        conn = await engine.connect()
+        arrive on it. ``own``: the listen_url's engine, else None (the queue's engine)."""
+        conn = await (own or self._engine).connect()
         try:
             raw = await conn.get_raw_connection()
             apg: Any = raw.driver_connection
+            if own is None:
+                # out of the queue's pool at once (its slot reconnects when next needed):
+                # this connection stays LISTENing, and closing it below ends it
+                raw.detach()
             loop = asyncio.get_running_loop()
             lost, came = loop.create_future(), loop.create_future()
             probe = f"ajq-probe:{uuid.uuid4().hex}"
