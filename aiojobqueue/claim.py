@@ -11,6 +11,7 @@ the pick statements, are ``lease.py`` (the dialect chooses its ``LeasePath``).
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -163,27 +164,65 @@ class Claimer:
             self.census_due = True
         return claimed_rows(rows)
 
+    def count_running(self) -> Any:
+        """The statement counting every running job (what the global cap holds)."""
+        J = self.db.t.jobs
+        return self.db.stmt("claim.running", lambda: select(func.count()).select_from(J).where(
+            J.c.state == lit(S.RUNNING)))
+
+    def cap_looks_full(self) -> bool:
+        """The last claim found the global cap full: look (``cap_is_full``, outside the
+        claim's transaction) before queueing for the gate."""
+        return self.settings.concurrency is not None and self.cap_full
+
+    async def cap_is_full(self, conn: AsyncConnection) -> bool:
+        """Whether the global cap is full now, counted without the gate or any write lock
+        (a claim that can lease nothing must not hold up the one whose finalize just freed
+        a slot). Without the lock this only ever declines a claim, never grants one."""
+        c = self.settings.concurrency
+        full = c is not None and (await conn.execute(self.count_running())).scalar_one() >= c
+        self.cap_full = full
+        return full
+
+    def _handover(self, now: float, quick: bool, freed: Mapping[str, int] | None
+                  ) -> tuple[str, int] | None:
+        """(group, at most how many) where this claim may take over the slots its own
+        transaction's finalize freed (``freed``: jobs taken out of ``running`` by group)
+        without the gate and without counting: one known group (no split to make, as in
+        _known_group), no RateLimit (a start is spent whoever frees a slot). Leasing at
+        most what was freed (and, for a capped group, at most what that group freed) in
+        the same transaction leaves every count the caps hold at or below its value before
+        the transaction, so no claim under the gate can be misled into exceeding a cap."""
+        s = self.settings
+        if not freed or s.db_limits or self.single_group is None:
+            return None
+        poll = s.poll_interval
+        if now - self.groups_at >= (poll if quick else min(GROUPS_EVERY, poll)):
+            return None
+        g = self.single_group
+        n = freed.get(g, 0) if g in s.group_limits else sum(freed.values())
+        return (g, n) if n > 0 else None
+
     async def claim(
-        self, conn: AsyncConnection, want: int, types: list[str], quick: bool = False
+        self, conn: AsyncConnection, want: int, types: list[str], quick: bool = False,
+        freed: Mapping[str, int] | None = None,
     ) -> list[Claimed]:
         """Lease up to ``want`` jobs of ``types`` on ``conn`` (inside a write transaction).
 
         ``quick``: an idle worker was just woken (a job was enqueued or released): go
         straight for it. The promotion sweep and the census then run at most once per
-        ``poll_interval`` (a tick) instead of every PROMOTE_EVERY / GROUPS_EVERY."""
+        ``poll_interval`` (a tick) instead of every PROMOTE_EVERY / GROUPS_EVERY.
+        ``freed``: the jobs (by group) that a finalize earlier in this same transaction
+        took out of ``running``; under a cap their slots may be handed over (_handover)."""
         s, db = self.settings, self.db
-        J = db.t.jobs
         now = time.monotonic()
         if self._promotion_due(now, quick):
             await self.promote_due(conn)
             self.promoted_at = now
-        count_running = select(func.count()).select_from(J).where(J.c.state == lit(S.RUNNING))
-        # The last claim found the global cap full: look before queueing for the gate (a
-        # claim that can lease nothing must not hold up the one whose finalize just freed a
-        # slot). Without the lock this only ever declines.
-        if (s.concurrency is not None and self.cap_full
-                and (await conn.execute(count_running)).scalar_one() >= s.concurrency):
-            return []
+        hand = self._handover(now, quick, freed) if s.needs_gate and want > 0 else None
+        if hand is not None:
+            return await self._take_over(conn, hand[0], min(want, hand[1]), types, freed)
+        count_running = self.count_running()
         if s.needs_gate:
             await db.ops.lock_gate(conn)
         free = want
@@ -287,4 +326,20 @@ class Claimer:
             return []
         for limit in s.db_limits:
             await limit.consume(conn, db.t, len(out))
+        return claimed_rows(out)
+
+    async def _take_over(self, conn: AsyncConnection, g: str, n: int, types: list[str],
+                         freed: Mapping[str, int] | None) -> list[Claimed]:
+        """Lease up to ``n`` of ``g``'s best jobs into the slots this transaction freed
+        (see _handover). A short pick leaves the census (and the gate, for any slot still
+        free) to the next claim, at once; where this worker could not take every freed
+        slot, the other workers are woken for the rest (delivered at commit)."""
+        taken: list[Any] = []
+        got = await self.path.pick(conn, g, n, types, taken)
+        out = await self.path.leased(conn, taken)
+        if got < n:
+            self.census_due = True
+        self.cap_full = False
+        if freed and sum(freed.values()) > got:
+            await self.db.ops.notify(conn)
         return claimed_rows(out)

@@ -67,14 +67,18 @@ class ParallelRound:
         try:
             async with out.lock:
                 batch = out.take()
+                # Under a counted cap the finalize and the claim share one transaction, so
+                # the claim takes over the slots the batch frees (beside it, it would find
+                # them still held and the freed slots would wait for the next poll).
+                if want and batch and self.core.settings.needs_gate:
+                    leased: list[Claimed] = []
+                    wrote = await out.write(batch, partial(
+                        self._finalize_and_claim, batch, want, types, quick, leased))
+                    return wrote, leased
                 # With no backlog, a finalize that may release jobs (a dependent, a
                 # container's next child) goes first, so this round's claim already sees
                 # them: a DAG's critical path takes one round per step, not two.
-                # Under a counted cap the claim goes after the finalize, so it can take
-                # the slots the batch frees (beside it, it would find them still held and
-                # the freed slots would wait for the next poll).
-                capped = self.core.settings.needs_gate and bool(batch)
-                if want and not capped and (self.state.backlog or all(
+                if want and (self.state.backlog or all(
                         self.state.alone(o.job_id, o.attempt) for o in batch)):
                     claiming = asyncio.ensure_future(self.claim(want, types, quick))
                 if want and batch and claiming is None:
@@ -116,6 +120,18 @@ class ParallelRound:
     async def claim(self, want: int, types: list[str], quick: bool) -> list[Claimed] | None:
         """Lease up to ``want`` jobs into the buffer; None if the claim failed (back off)."""
         core, state = self.core, self.state
+        claimer = core.claimer
+        # The last claim found the global cap full: count without any lock first (a claim
+        # that can lease nothing must not queue for the gate, or for SQLite's write lock,
+        # ahead of the worker whose finalize is freeing a slot).
+        if claimer.cap_looks_full():
+            try:
+                if await core.db.read(claimer.cap_is_full):
+                    return []
+            except Exception as exc:
+                if not core.db.is_outage(exc):
+                    raise
+                return None
         t0 = time.monotonic()
         state.claiming = True
         # Shielded: a shutdown that lands mid-claim lets it finish, so its leases are not
@@ -149,6 +165,40 @@ class ParallelRound:
         recognised as such (see outcomes.py)."""
         fin = self.core.finalizer
         return await self.core.db.write(lambda conn: fin.finish_detailed(conn, batch), retries=0)
+
+    async def _finalize_and_claim(
+        self, batch: list[Outcome], want: int, types: list[str], quick: bool,
+        got: list[Claimed],
+    ) -> list[Outcome]:
+        """The round in one transaction: the claim sees the slots the finalize freed (and,
+        under a cap, may take them over: Claimer.claim's ``freed``). The leased jobs go to
+        the buffer (and ``got``) once it has committed. A lost commit answer costs what a
+        lost claim's does (its leases are released as orphans)."""
+        core, state = self.core, self.state
+        t0 = time.monotonic()
+        taken: list[Claimed] = []
+        capped = core.settings.needs_gate
+
+        async def both(conn: Any) -> list[Outcome]:
+            applied = await core.finalizer.finish_detailed(conn, batch)
+            # every applied outcome took its job out of `running`: by group, the slots freed
+            # (only a counted cap asks; uncapped rounds skip the per-job count)
+            freed: dict[str, int] = {}
+            for o in applied if capped else ():
+                r = state.running.get(o.job_id)
+                if r is not None and r.claimed.attempt == o.attempt:
+                    freed[r.claimed.group] = freed.get(r.claimed.group, 0) + 1
+            taken[:] = await core.claimer.claim(conn, want, types, quick, freed)
+            return applied
+
+        state.claiming = True
+        try:
+            applied = await core.db.write(both, retries=0)
+        finally:
+            state.claiming = False
+        state.buffer.extend((c, t0) for c in taken)
+        got.extend(taken)
+        return applied
 
 
 class SharedRound(ParallelRound):
@@ -184,30 +234,6 @@ class SharedRound(ParallelRound):
         # worker otherwise waits for each round between two jobs: bench/wake.py).
         cap = self.core.settings.capacity
         return min(super().prefetch(avg_run), max(SHARED_AHEAD, cap))
-
-    async def _finalize_and_claim(
-        self, batch: list[Outcome], want: int, types: list[str], quick: bool,
-        got: list[Claimed],
-    ) -> list[Outcome]:
-        """The round in one transaction. The leased jobs go to the buffer (and ``got``)
-        once it has committed."""
-        core, state = self.core, self.state
-        t0 = time.monotonic()
-        taken: list[Claimed] = []
-
-        async def both(conn: Any) -> list[Outcome]:
-            applied = await core.finalizer.finish_detailed(conn, batch)
-            taken[:] = await core.claimer.claim(conn, want, types, quick)
-            return applied
-
-        state.claiming = True
-        try:
-            applied = await core.db.write(both, retries=0)
-        finally:
-            state.claiming = False
-        state.buffer.extend((c, t0) for c in taken)
-        got.extend(taken)
-        return applied
 
 
 class AutocommitRound(ParallelRound):
