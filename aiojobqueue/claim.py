@@ -70,6 +70,8 @@ class LeaseAsk:
     types: list[str]
     n: int
     rows: list[Any] | None = None
+    #: a counted cap's hand-over (Claimer.hand_ask): at most as many as the call finished
+    hand: bool = False
     #: the rows as claim() returns them (see Claimer.asked_claims)
     claimed: list[Claimed] = field(default_factory=list)
 
@@ -153,6 +155,21 @@ class Claimer:
             return None
         group = self._known_group(now, quick)
         return None if group is None else LeaseAsk(group, types, want)
+
+    def hand_ask(self, want: int, types: list[str], quick: bool,
+                 freeing: Mapping[str, int]) -> LeaseAsk | None:
+        """Under a counted cap, the hand-over (see _handover) as a LeaseAsk for the call
+        that finalizes ``freeing`` (the batch's jobs by group, all successes): that call
+        leases no more than it finished, so, where the known group is capped, only when
+        every one of them is of that group; else None."""
+        s = self.settings
+        if want <= 0 or not types or not s.needs_gate or self._promotion_due(
+                time.monotonic(), quick):
+            return None
+        hand = self._handover(time.monotonic(), quick, freeing)
+        if hand is None or (hand[0] in s.group_limits and len(freeing) > 1):
+            return None
+        return LeaseAsk(hand[0], types, min(want, hand[1]), hand=True)
 
     def asked_claims(self, ask: LeaseAsk) -> list[Claimed]:
         """The jobs ``ask`` leased, as claim() would return them. A short pick leaves the

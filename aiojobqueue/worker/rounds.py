@@ -71,10 +71,7 @@ class ParallelRound:
                 # the claim takes over the slots the batch frees (beside it, it would find
                 # them still held and the freed slots would wait for the next poll).
                 if want and batch and self.core.settings.needs_gate:
-                    leased: list[Claimed] = []
-                    wrote = await out.write(batch, partial(
-                        self._finalize_and_claim, batch, want, types, quick, leased))
-                    return wrote, leased
+                    return await self.capped(batch, want, types, quick)
                 # With no backlog, a finalize that may release jobs (a dependent, a
                 # container's next child) goes first, so this round's claim already sees
                 # them: a DAG's critical path takes one round per step, not two.
@@ -165,6 +162,15 @@ class ParallelRound:
         recognised as such (see outcomes.py)."""
         fin = self.core.finalizer
         return await self.core.db.write(lambda conn: fin.finish_detailed(conn, batch), retries=0)
+
+    async def capped(self, batch: list[Outcome], want: int, types: list[str],
+                     quick: bool) -> tuple[bool, list[Claimed]]:
+        """A round under a counted cap (outcomes to write, slots to fill): finalize and
+        claim in one transaction (see _finalize_and_claim)."""
+        leased: list[Claimed] = []
+        wrote = await self.outcomes.write(batch, partial(
+            self._finalize_and_claim, batch, want, types, quick, leased))
+        return wrote, leased
 
     async def _finalize_and_claim(
         self, batch: list[Outcome], want: int, types: list[str], quick: bool,
@@ -277,13 +283,40 @@ class RoutineRound(AutocommitRound):
     def ask(self, want: int, types: list[str], quick: bool) -> LeaseAsk | None:
         return self.core.claimer.lease_ask(want, types, quick)
 
+    async def capped(self, batch: list[Outcome], want: int, types: list[str],
+                     quick: bool) -> tuple[bool, list[Claimed]]:
+        """Where every outcome is a success and the claimer may hand the freed slots over
+        (Claimer.hand_ask), one call of the routine finalizes them and leases their
+        replacements (no more than it finished: no gate); else as ParallelRound."""
+        core, state = self.core, self.state
+        ask: LeaseAsk | None = None
+        if all(o.kind == "done" for o in batch):
+            freeing: dict[str, int] = {}
+            for o in batch:
+                r = state.running.get(o.job_id)
+                if r is None:
+                    break
+                freeing[r.claimed.group] = freeing.get(r.claimed.group, 0) + 1
+            else:
+                ask = core.claimer.hand_ask(want, types, quick, freeing)
+        if ask is None:
+            return await super().capped(batch, want, types, quick)
+        wrote = await self.outcomes.write(batch, partial(self.finalize, batch, ask))
+        if ask.rows is None:  # the routine declined: the slots are free, claim them
+            got = await self.claim(want, types, quick) if wrote else []
+            return wrote and got is not None, got or []
+        if len(ask.claimed) < len(batch) and want < len(batch):
+            # slots this worker cannot fill: wake the others for them
+            await core.db.autocommit(core.db.ops.notify)
+        return wrote, ask.claimed
+
     async def finalize(self, batch: list[Outcome], ask: LeaseAsk | None = None) -> list[Outcome]:
         """Where every success is fast, as AutocommitRound; else all successes by the
         routine (results to store, a parent or dependents: it does it all), with ``ask``
         riding along: the jobs it leased go to the buffer (and ``ask.claimed``) at once."""
         fast = self.fast(batch)
         done = [o for o in batch if o.kind == "done"]
-        if len(fast) == len(done):
+        if len(fast) == len(done) and (ask is None or not ask.hand):
             return await super().finalize(batch)
         core, state = self.core, self.state
         fin = core.finalizer
