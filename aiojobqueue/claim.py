@@ -213,8 +213,11 @@ class Claimer:
         s = self.settings
         if not freed or s.db_limits or self.single_group is None:
             return None
-        poll = s.poll_interval
-        if now - self.groups_at >= (poll if quick else min(GROUPS_EVERY, poll)):
+        # GROUPS_EVERY even where poll_interval is shorter: under a cap a round comes about
+        # once per job length, and a group that gets work meanwhile is still seen within
+        # GROUPS_EVERY (the census runs at the first claim after it)
+        window = max(GROUPS_EVERY, s.poll_interval) if quick else GROUPS_EVERY
+        if now - self.groups_at >= window:
             return None
         g = self.single_group
         n = freed.get(g, 0) if g in s.group_limits else sum(freed.values())
