@@ -161,10 +161,11 @@ class Claimer:
         """Under a counted cap, the hand-over (see _handover) as a LeaseAsk for the call
         that finalizes ``freeing`` (the batch's jobs by group, all successes): that call
         leases no more than it finished, so, where the known group is capped, only when
-        every one of them is of that group; else None."""
+        every one of them is of that group; else None. It promotes nothing: a due
+        ``scheduled`` job waits for the first claim after the hand-over's window (the
+        census's, GROUPS_EVERY), which promotes before it counts."""
         s = self.settings
-        if want <= 0 or not types or not s.needs_gate or self._promotion_due(
-                time.monotonic(), quick):
+        if want <= 0 or not types or not s.needs_gate:
             return None
         hand = self._handover(time.monotonic(), quick, freeing)
         if hand is None or (hand[0] in s.group_limits and len(freeing) > 1):
@@ -240,6 +241,9 @@ class Claimer:
             await self.promote_due(conn)
             self.promoted_at = now
         hand = self._handover(now, quick, freed) if s.needs_gate and want > 0 else None
+        if hand is None and freed and s.needs_gate and want > 0 and not s.db_limits \
+                and self.single_group is not None and await self.still_one_group(conn, types):
+            hand = self._handover(now, quick, freed)
         if hand is not None:
             return await self._take_over(conn, hand[0], min(want, hand[1]), types, freed)
         count_running = self.count_running()
@@ -347,6 +351,19 @@ class Claimer:
         for limit in s.db_limits:
             await limit.consume(conn, db.t, len(out))
         return claimed_rows(out)
+
+    async def still_one_group(self, conn: AsyncConnection, types: list[str]) -> bool:
+        """The census, without the gate (it counts no cap): whether the one group known to
+        have runnable jobs still is the only one (then it is trusted again from now, as
+        after any census). Where the hand-over's window ran out, this is its one extra
+        statement; where it finds other groups, the claim goes on under the gate."""
+        census = Census(self, types)
+        await census.fill(conn, 2)
+        if not census.done or len(census.demand) != 1:
+            return False
+        self.single_group = next(iter(census.demand))
+        self.groups_at, self.census_due = time.monotonic(), False
+        return True
 
     async def _take_over(self, conn: AsyncConnection, g: str, n: int, types: list[str],
                          freed: Mapping[str, int] | None) -> list[Claimed]:

@@ -283,22 +283,32 @@ class RoutineRound(AutocommitRound):
     def ask(self, want: int, types: list[str], quick: bool) -> LeaseAsk | None:
         return self.core.claimer.lease_ask(want, types, quick)
 
+    def _freeing(self, batch: list[Outcome]) -> dict[str, int] | None:
+        """The batch's jobs by group, where every outcome is a success of a job this worker
+        runs (what the routine may finish); else None."""
+        freeing: dict[str, int] = {}
+        for o in batch:
+            r = self.state.running.get(o.job_id)
+            if o.kind != "done" or r is None:
+                return None
+            freeing[r.claimed.group] = freeing.get(r.claimed.group, 0) + 1
+        return freeing
+
     async def capped(self, batch: list[Outcome], want: int, types: list[str],
                      quick: bool) -> tuple[bool, list[Claimed]]:
         """Where every outcome is a success and the claimer may hand the freed slots over
         (Claimer.hand_ask), one call of the routine finalizes them and leases their
         replacements (no more than it finished: no gate); else as ParallelRound."""
-        core, state = self.core, self.state
+        core, claimer = self.core, self.core.claimer
         ask: LeaseAsk | None = None
-        if all(o.kind == "done" for o in batch):
-            freeing: dict[str, int] = {}
-            for o in batch:
-                r = state.running.get(o.job_id)
-                if r is None:
-                    break
-                freeing[r.claimed.group] = freeing.get(r.claimed.group, 0) + 1
-            else:
-                ask = core.claimer.hand_ask(want, types, quick, freeing)
+        freeing = self._freeing(batch)
+        if freeing is not None:
+            ask = claimer.hand_ask(want, types, quick, freeing)
+            if (ask is None and claimer.single_group is not None
+                    and not core.settings.db_limits and await self._quietly(
+                        lambda conn: claimer.still_one_group(conn, types))):
+                # the hand-over's window ran out: one census statement renews it
+                ask = claimer.hand_ask(want, types, quick, freeing)
         if ask is None:
             return await super().capped(batch, want, types, quick)
         wrote = await self.outcomes.write(batch, partial(self.finalize, batch, ask))
@@ -307,8 +317,18 @@ class RoutineRound(AutocommitRound):
             return wrote and got is not None, got or []
         if len(ask.claimed) < len(batch) and want < len(batch):
             # slots this worker cannot fill: wake the others for them
-            await core.db.autocommit(core.db.ops.notify)
+            await self._quietly(core.db.ops.notify)
         return wrote, ask.claimed
+
+    async def _quietly(self, fn: Callable[[Any], Awaitable[Any]]) -> Any:
+        """``fn`` in autocommit; None where the database is away (the round goes on: the
+        finalize's own write reports the outage)."""
+        try:
+            return await self.core.db.autocommit(fn)
+        except Exception as exc:
+            if not self.core.db.is_outage(exc):
+                raise
+            return None
 
     async def finalize(self, batch: list[Outcome], ask: LeaseAsk | None = None) -> list[Outcome]:
         """Where every success is fast, as AutocommitRound; else all successes by the
