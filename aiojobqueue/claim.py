@@ -371,9 +371,8 @@ class Claimer:
         (see _handover). A short pick leaves the census (and the gate, for any slot still
         free) to the next claim, at once; where this worker could not take every freed
         slot, the other workers are woken for the rest (delivered at commit)."""
-        taken: list[Any] = []
-        got = await self.path.pick(conn, g, n, types, taken)
-        out = await self.path.leased(conn, taken)
+        out = await self.path.take(conn, g, n, types)
+        got = len(out)
         if got < n:
             self.census_due = True
         self.cap_full = False

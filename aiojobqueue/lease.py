@@ -113,6 +113,13 @@ class ReturningLease:
         taken += rows
         return len(rows)
 
+    async def take(self, conn: AsyncConnection, g: str, n: int, types: list[str]
+                   ) -> list[Any]:
+        """Lease up to ``n`` of ``g``'s best ready jobs: their rows (claim_columns())."""
+        taken: list[Any] = []
+        await self.pick(conn, g, n, types, taken)
+        return taken
+
     async def pick_idle(self, conn: AsyncConnection, free: int, types: list[str],
                         after: str | None, taken: list[Any]) -> list[str] | None:
         """idle_pick_stmt: the groups it leased a job of (their rows join ``taken``), or
@@ -166,6 +173,29 @@ class PickThenLease:
         picked = [r[0] for r in await conn.execute(pick)]
         taken += picked
         return len(picked)
+
+    async def take(self, conn: AsyncConnection, g: str, n: int, types: list[str]
+                   ) -> list[Any]:
+        """Lease up to ``n`` of ``g``'s best ready jobs: their rows (claim_columns()), read
+        by the locking pick itself (the rows are ours until commit: the lease's UPDATE
+        changes nothing the row carries but ``attempts``, + 1), one round trip less."""
+        db = self.db
+        J = db.t.jobs
+        key = ("take", tuple(types))
+        pick = db.stmts.get(key)
+        if pick is None:
+            pick = db.stmts[key] = db.ops.skip_locked(
+                select(*claim_columns(db.t))
+                .where(J.c.state == lit(S.READY), J.c.group_key == bindparam("g"),
+                       J.c.type.in_(types))
+                .order_by(J.c.priority.desc(), J.c.id)
+                .limit(bindparam("n", type_=Integer())))
+        rows = (await conn.execute(pick, {"g": g, "n": n})).all()
+        if not rows:
+            return []
+        ids = sorted(r[0] for r in rows)
+        await conn.execute(update(J).where(db.ops.in_ids(J.c.id, ids)).values(**self.lease))
+        return [(*r[:3], r[3] + 1, *r[4:]) for r in rows]
 
     async def pick_many(self, conn: AsyncConnection, plan: dict[str, int], types: list[str],
                         taken: list[Any]) -> dict[str, int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -55,6 +56,7 @@ class RateLimit(Limit):
         if not isinstance(name, str) or not name or len(name) > 100:
             raise ConfigurationError(f"RateLimit name must be 1-100 chars, got {name!r}")
         self.n, self.per, self.name = n, float(per), name
+        self._swept = float("-inf")  # monotonic time of this process's last ledger sweep
 
     def __repr__(self) -> str:
         return f"RateLimit({self.n}, per={self.per}, name={self.name!r})"
@@ -73,15 +75,20 @@ class RateLimit(Limit):
         return max(self.n - int(used), 0)
 
     async def consume(self, conn: AsyncConnection, tables: Tables, count: int) -> None:
-        """Record ``count`` starts in the claim's transaction; forget those out of reach."""
+        """Record ``count`` starts in the claim's transaction (one statement, stamped by
+        the database clock); at most once per ``per`` seconds, forget those out of reach
+        (older than ``2 * per``: the ledger holds at most ``3 * per`` seconds of rows)."""
         if count <= 0:
             return
         R = tables.rate
-        now = (await conn.execute(select(utcnow_plus(0.0)))).scalar_one()
-        await conn.execute(insert(R), [{"name": self.name, "at": now}] * count)
-        await conn.execute(
-            delete(R).where(R.c.name == self.name, R.c.at < utcnow_plus(-self.per * 2))
-        )
+        await conn.execute(insert(R).values(
+            [{"name": self.name, "at": utcnow_plus(0.0)} for _ in range(count)]))
+        now = time.monotonic()
+        if now - self._swept >= self.per:
+            await conn.execute(
+                delete(R).where(R.c.name == self.name, R.c.at < utcnow_plus(-self.per * 2))
+            )
+            self._swept = now
 
 
 def check_limits(limits: Iterable[object]) -> None:
