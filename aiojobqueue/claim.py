@@ -2,7 +2,9 @@
 
 Inside it: promote due ``scheduled`` jobs, take the gate (where a global cap must be counted
 exactly), count what runs per group, split the free slots by fair share, pick the best jobs
-of each group (priority, then age) with SKIP LOCKED, and lease them. ``Claimer`` owns what
+of each group (priority, then age) with SKIP LOCKED, and lease them; or, under a cap, in
+the transaction of a finalize, hand the slots it freed over to the one known group's next
+jobs (no gate, no count: ``Claimer._handover``). ``Claimer`` owns what
 this process remembers between claims (when it last promoted, the last census of groups,
 the groups known to exist). The census is ``census.py``; how a pick becomes a lease, and
 the pick statements, are ``lease.py`` (the dialect chooses its ``LeasePath``).
@@ -202,6 +204,15 @@ class Claimer:
         self.cap_full = full
         return full
 
+    def handover_stale(self, now: float, quick: bool) -> bool:
+        """A group was known to be the only one with runnable jobs, but that census is
+        older than the hand-over trusts: GROUPS_EVERY even where poll_interval is shorter
+        (under a cap a round comes about once per job length, and a group that gets work
+        meanwhile is still seen within GROUPS_EVERY: the census runs at the first claim
+        after it). still_one_group renews it."""
+        window = max(GROUPS_EVERY, self.settings.poll_interval) if quick else GROUPS_EVERY
+        return self.single_group is not None and now - self.groups_at >= window
+
     def _handover(self, now: float, quick: bool, freed: Mapping[str, int] | None
                   ) -> tuple[str, int] | None:
         """(group, at most how many) where this claim may take over the slots its own
@@ -212,13 +223,8 @@ class Claimer:
         the same transaction leaves every count the caps hold at or below its value before
         the transaction, so no claim under the gate can be misled into exceeding a cap."""
         s = self.settings
-        if not freed or s.db_limits or self.single_group is None:
-            return None
-        # GROUPS_EVERY even where poll_interval is shorter: under a cap a round comes about
-        # once per job length, and a group that gets work meanwhile is still seen within
-        # GROUPS_EVERY (the census runs at the first claim after it)
-        window = max(GROUPS_EVERY, s.poll_interval) if quick else GROUPS_EVERY
-        if now - self.groups_at >= window:
+        if not freed or s.db_limits or self.single_group is None or self.handover_stale(
+                now, quick):
             return None
         g = self.single_group
         n = freed.get(g, 0) if g in s.group_limits else sum(freed.values())
@@ -241,8 +247,8 @@ class Claimer:
             await self.promote_due(conn)
             self.promoted_at = now
         hand = self._handover(now, quick, freed) if s.needs_gate and want > 0 else None
-        if hand is None and freed and s.needs_gate and want > 0 and not s.db_limits \
-                and self.single_group is not None and await self.still_one_group(conn, types):
+        if (hand is None and freed and s.needs_gate and want > 0 and not s.db_limits
+                and self.handover_stale(now, quick) and await self.still_one_group(conn, types)):
             hand = self._handover(now, quick, freed)
         if hand is not None:
             return await self._take_over(conn, hand[0], min(want, hand[1]), types, freed)

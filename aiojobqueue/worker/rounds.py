@@ -304,7 +304,7 @@ class RoutineRound(AutocommitRound):
         freeing = self._freeing(batch)
         if freeing is not None:
             ask = claimer.hand_ask(want, types, quick, freeing)
-            if (ask is None and claimer.single_group is not None
+            if (ask is None and claimer.handover_stale(time.monotonic(), quick)
                     and not core.settings.db_limits and await self._quietly(
                         lambda conn: claimer.still_one_group(conn, types))):
                 # the hand-over's window ran out: one census statement renews it
