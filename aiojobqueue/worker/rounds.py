@@ -199,7 +199,12 @@ class ParallelRound:
 
         state.claiming = True
         try:
-            applied = await core.db.write(both, retries=0)
+            # Under a cap, a transaction that holds finished rows and then leases can meet
+            # another worker's in a deadlock: the database refused it whole, so it runs
+            # again (a failed round would leave the slots its batch holds idle for a
+            # back-off). Uncapped (SQLite), as any finalize: not retried.
+            applied = await (core.db.write_refused_again(both) if capped
+                             else core.db.write(both, retries=0))
         finally:
             state.claiming = False
         state.buffer.extend((c, t0) for c in taken)
