@@ -227,6 +227,8 @@ class Claimer:
                 now, quick):
             return None
         g = self.single_group
+        if s.group_limits.get(g) == 0:
+            return None  # paused: no hand-over keeps it running
         n = freed.get(g, 0) if g in s.group_limits else sum(freed.values())
         return (g, n) if n > 0 else None
 
