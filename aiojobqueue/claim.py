@@ -2,7 +2,9 @@
 
 Inside it: promote due ``scheduled`` jobs, take the gate (where a global cap must be counted
 exactly), count what runs per group, split the free slots by fair share, pick the best jobs
-of each group (priority, then age) with SKIP LOCKED, and lease them. ``Claimer`` owns what
+of each group (priority, then age) with SKIP LOCKED, and lease them; or, under a cap, in
+the transaction of a finalize, hand the slots it freed over to the one known group's next
+jobs (no gate, no count: ``Claimer._handover``). ``Claimer`` owns what
 this process remembers between claims (when it last promoted, the last census of groups,
 the groups known to exist). The census is ``census.py``; how a pick becomes a lease, and
 the pick statements, are ``lease.py`` (the dialect chooses its ``LeasePath``).
@@ -11,6 +13,7 @@ the pick statements, are ``lease.py`` (the dialect chooses its ``LeasePath``).
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -70,6 +73,8 @@ class LeaseAsk:
     types: list[str]
     n: int
     rows: list[Any] | None = None
+    #: a counted cap's hand-over (Claimer.hand_ask): at most as many as the call finished
+    hand: bool = False
     #: the rows as claim() returns them (see Claimer.asked_claims)
     claimed: list[Claimed] = field(default_factory=list)
 
@@ -154,6 +159,22 @@ class Claimer:
         group = self._known_group(now, quick)
         return None if group is None else LeaseAsk(group, types, want)
 
+    def hand_ask(self, want: int, types: list[str], quick: bool,
+                 freeing: Mapping[str, int]) -> LeaseAsk | None:
+        """Under a counted cap, the hand-over (see _handover) as a LeaseAsk for the call
+        that finalizes ``freeing`` (the batch's jobs by group, all successes): that call
+        leases no more than it finished, so, where the known group is capped, only when
+        every one of them is of that group; else None. It promotes nothing: a due
+        ``scheduled`` job waits for the first claim after the hand-over's window (the
+        census's, GROUPS_EVERY), which promotes before it counts."""
+        s = self.settings
+        if want <= 0 or not types or not s.needs_gate:
+            return None
+        hand = self._handover(time.monotonic(), quick, freeing)
+        if hand is None or (hand[0] in s.group_limits and len(freeing) > 1):
+            return None
+        return LeaseAsk(hand[0], types, min(want, hand[1]), hand=True)
+
     def asked_claims(self, ask: LeaseAsk) -> list[Claimed]:
         """The jobs ``ask`` leased, as claim() would return them. A short pick leaves the
         census to the next claim (as claim() does); an empty one makes it due at once."""
@@ -164,28 +185,77 @@ class Claimer:
             self.census_due = True
         return claimed_rows(rows)
 
+    def count_running(self) -> Any:
+        """The statement counting every running job (what the global cap holds)."""
+        J = self.db.t.jobs
+        return self.db.stmt("claim.running", lambda: select(func.count()).select_from(J).where(
+            J.c.state == lit(S.RUNNING)))
+
+    def cap_looks_full(self) -> bool:
+        """The last claim found the global cap full: look (``cap_is_full``, outside the
+        claim's transaction) before queueing for the gate."""
+        return self.settings.concurrency is not None and self.cap_full
+
+    async def cap_is_full(self, conn: AsyncConnection) -> bool:
+        """Whether the global cap is full now, counted without the gate or any write lock
+        (a claim that can lease nothing must not hold up the one whose finalize just freed
+        a slot). Without the lock this only ever declines a claim, never grants one."""
+        c = self.settings.concurrency
+        full = c is not None and (await conn.execute(self.count_running())).scalar_one() >= c
+        self.cap_full = full
+        return full
+
+    def handover_stale(self, now: float, quick: bool) -> bool:
+        """A group was known to be the only one with runnable jobs, but that census is
+        older than the hand-over trusts: GROUPS_EVERY even where poll_interval is shorter
+        (under a cap a round comes about once per job length, and a group that gets work
+        meanwhile is still seen within GROUPS_EVERY: the census runs at the first claim
+        after it). still_one_group renews it."""
+        window = max(GROUPS_EVERY, self.settings.poll_interval) if quick else GROUPS_EVERY
+        return self.single_group is not None and now - self.groups_at >= window
+
+    def _handover(self, now: float, quick: bool, freed: Mapping[str, int] | None
+                  ) -> tuple[str, int] | None:
+        """(group, at most how many) where this claim may take over the slots its own
+        transaction's finalize freed (``freed``: jobs taken out of ``running`` by group)
+        without the gate and without counting: one known group (no split to make, as in
+        _known_group), no RateLimit (a start is spent whoever frees a slot). Leasing at
+        most what was freed (and, for a capped group, at most what that group freed) in
+        the same transaction leaves every count the caps hold at or below its value before
+        the transaction, so no claim under the gate can be misled into exceeding a cap."""
+        s = self.settings
+        if not freed or s.db_limits or self.single_group is None or self.handover_stale(
+                now, quick):
+            return None
+        g = self.single_group
+        if s.group_limits.get(g) == 0:
+            return None  # paused: no hand-over keeps it running
+        n = freed.get(g, 0) if g in s.group_limits else sum(freed.values())
+        return (g, n) if n > 0 else None
+
     async def claim(
-        self, conn: AsyncConnection, want: int, types: list[str], quick: bool = False
+        self, conn: AsyncConnection, want: int, types: list[str], quick: bool = False,
+        freed: Mapping[str, int] | None = None,
     ) -> list[Claimed]:
         """Lease up to ``want`` jobs of ``types`` on ``conn`` (inside a write transaction).
 
         ``quick``: an idle worker was just woken (a job was enqueued or released): go
         straight for it. The promotion sweep and the census then run at most once per
-        ``poll_interval`` (a tick) instead of every PROMOTE_EVERY / GROUPS_EVERY."""
+        ``poll_interval`` (a tick) instead of every PROMOTE_EVERY / GROUPS_EVERY.
+        ``freed``: the jobs (by group) that a finalize earlier in this same transaction
+        took out of ``running``; under a cap their slots may be handed over (_handover)."""
         s, db = self.settings, self.db
-        J = db.t.jobs
         now = time.monotonic()
         if self._promotion_due(now, quick):
             await self.promote_due(conn)
             self.promoted_at = now
-        count_running = db.stmt("claim.running", lambda: select(func.count()).select_from(J)
-                                .where(J.c.state == lit(S.RUNNING)))
-        # The last claim found the global cap full: look before queueing for the gate (a
-        # claim that can lease nothing must not hold up the one whose finalize just freed a
-        # slot). Without the lock this only ever declines.
-        if (s.concurrency is not None and self.cap_full
-                and (await conn.execute(count_running)).scalar_one() >= s.concurrency):
-            return []
+        hand = self._handover(now, quick, freed) if s.needs_gate and want > 0 else None
+        if (hand is None and freed and s.needs_gate and want > 0 and not s.db_limits
+                and self.handover_stale(now, quick) and await self.still_one_group(conn, types)):
+            hand = self._handover(now, quick, freed)
+        if hand is not None:
+            return await self._take_over(conn, hand[0], min(want, hand[1]), types, freed)
+        count_running = self.count_running()
         if s.needs_gate:
             await db.ops.lock_gate(conn)
         free = want
@@ -289,4 +359,32 @@ class Claimer:
             return []
         for limit in s.db_limits:
             await limit.consume(conn, db.t, len(out))
+        return claimed_rows(out)
+
+    async def still_one_group(self, conn: AsyncConnection, types: list[str]) -> bool:
+        """The census, without the gate (it counts no cap): whether the one group known to
+        have runnable jobs still is the only one (then it is trusted again from now, as
+        after any census). Where the hand-over's window ran out, this is its one extra
+        statement; where it finds other groups, the claim goes on under the gate."""
+        census = Census(self, types)
+        await census.fill(conn, 2)
+        if not census.done or len(census.demand) != 1:
+            return False
+        self.single_group = next(iter(census.demand))
+        self.groups_at, self.census_due = time.monotonic(), False
+        return True
+
+    async def _take_over(self, conn: AsyncConnection, g: str, n: int, types: list[str],
+                         freed: Mapping[str, int] | None) -> list[Claimed]:
+        """Lease up to ``n`` of ``g``'s best jobs into the slots this transaction freed
+        (see _handover). A short pick leaves the census (and the gate, for any slot still
+        free) to the next claim, at once; where this worker could not take every freed
+        slot, the other workers are woken for the rest (delivered at commit)."""
+        out = await self.path.take(conn, g, n, types)
+        got = len(out)
+        if got < n:
+            self.census_due = True
+        self.cap_full = False
+        if freed and sum(freed.values()) > got:
+            await self.db.ops.notify(conn)
         return claimed_rows(out)

@@ -63,15 +63,18 @@ class Database:
         return self.ops.is_transient(exc) or isinstance(
             exc, (OperationalError, InterfaceError, OSError, TimeoutError))
 
-    async def retrying(self, once: Callable[[], Awaitable[T]], retries: int) -> T:
-        """``once()``, again after a short jittered backoff on a conflict, up to ``retries``
-        times (0: never: a retry would hide a commit whose answer was lost)."""
+    async def retrying(self, once: Callable[[], Awaitable[T]], retries: int,
+                       again: Callable[[BaseException], bool] | None = None) -> T:
+        """``once()``, again after a short jittered backoff on a conflict (or where
+        ``again`` says so), up to ``retries`` times (0: never: a retry would hide a commit
+        whose answer was lost)."""
         delay = 0.005
+        again = again or self.is_conflict
         for attempt in range(retries + 1):
             try:
                 return await once()
             except Exception as exc:
-                if attempt == retries or not self.is_conflict(exc):
+                if attempt == retries or not again(exc):
                     raise
                 await asyncio.sleep(delay * (1 + random.random()))
                 delay = min(delay * 2, 1.0)
@@ -105,6 +108,20 @@ class Database:
                 return await fn(conn)
 
         return await self.retrying(once, retries)
+
+    async def write_refused_again(self, fn: Callable[[AsyncConnection], Awaitable[T]],
+                                  retries: int = 8) -> T:
+        """``write()`` for a transaction whose commit must not be repeated blindly (one
+        that finalizes): run again only where the database refused it whole
+        (DialectOps.is_rollback: a deadlock, a lock timeout), never after a lost
+        connection, whose commit may have landed."""
+        engine = self.engine
+
+        async def once() -> T:
+            async with engine.begin() as conn:
+                return await fn(conn)
+
+        return await self.retrying(once, retries, self.ops.is_rollback)
 
     async def write_sync(self, fn: Callable[[Connection], T], retries: int = 8) -> T:
         """``write()`` for a synchronous ``fn``. Where the dialect has a side writer (SQLite)

@@ -159,7 +159,9 @@ class Finalizer:
                                   else None, "g": None, "types": None, "n": 0, "lo": None,
                                   "ttl": None}))
         if ask is not None and calls:
-            calls[-1][1].update(g=ask.group, types=ask.types, n=ask.n, lo=s.worker_id,
+            # n < 0: a cap's hand-over (no more leased than the call finished)
+            calls[-1][1].update(g=ask.group, types=ask.types, n=-ask.n if ask.hand else ask.n,
+                                lo=s.worker_id,
                                 ttl=s.lease_ttl)
         took: set[tuple[int, int]] = set()
         for a, params in calls:

@@ -113,6 +113,13 @@ class ReturningLease:
         taken += rows
         return len(rows)
 
+    async def take(self, conn: AsyncConnection, g: str, n: int, types: list[str]
+                   ) -> list[Any]:
+        """Lease up to ``n`` of ``g``'s best ready jobs: their rows (claim_columns())."""
+        taken: list[Any] = []
+        await self.pick(conn, g, n, types, taken)
+        return taken
+
     async def pick_idle(self, conn: AsyncConnection, free: int, types: list[str],
                         after: str | None, taken: list[Any]) -> list[str] | None:
         """idle_pick_stmt: the groups it leased a job of (their rows join ``taken``), or
@@ -177,6 +184,28 @@ class PickThenLease:
         taken += picked
         return len(picked)
 
+    async def take(self, conn: AsyncConnection, g: str, n: int, types: list[str]
+                   ) -> list[Any]:
+        """Lease up to ``n`` of ``g``'s best ready jobs: their rows (claim_columns()), read
+        by the locking pick itself (the rows are ours until commit: the lease's UPDATE
+        changes nothing the row carries but ``attempts``, + 1), one round trip less."""
+        db = self.db
+        J = db.t.jobs
+        key = ("take", tuple(types))
+        pick = db.stmts.get(key)
+        if pick is None:
+            pick = db.stmts[key] = db.ops.skip_locked(
+                select(*claim_columns(db.t))
+                .where(J.c.state == lit(S.READY), J.c.group_key == bindparam("g"),
+                       J.c.type.in_(types))
+                .order_by(J.c.priority.desc(), J.c.id)
+                .limit(bindparam("n", type_=Integer())))
+        rows = (await conn.execute(pick, {"g": g, "n": n})).all()
+        if not rows:
+            return []
+        await conn.execute(self._lease_stmt(), {"ids": sorted(r[0] for r in rows)})
+        return [(*r[:3], r[3] + 1, *r[4:]) for r in rows]
+
     async def pick_many(self, conn: AsyncConnection, plan: dict[str, int], types: list[str],
                         taken: list[Any]) -> dict[str, int]:
         rows: list[Any] = []
@@ -190,13 +219,17 @@ class PickThenLease:
         if not taken:
             return []
         db, J = self.db, self.db.t.jobs
-        lease = db.stmt("lease.ids", lambda: update(J).where(
-            db.ops.in_ids_param(J.c.id, "ids")).values(**self.lease))
         rows = db.stmt("lease.rows", lambda: select(*claim_columns(db.t)).where(
             db.ops.in_ids_param(J.c.id, "ids")))
         ids = {"ids": sorted(taken)}
-        await conn.execute(lease, ids)
+        await conn.execute(self._lease_stmt(), ids)
         return list((await conn.execute(rows, ids)).all())
+
+    def _lease_stmt(self) -> Any:
+        """The UPDATE leasing the jobs ``:ids`` (built once)."""
+        db, J = self.db, self.db.t.jobs
+        return db.stmt("lease.ids", lambda: update(J).where(
+            db.ops.in_ids_param(J.c.id, "ids")).values(**self.lease))
 
 
 LeasePath = ReturningLease | PickThenLease

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import delete, func, insert, select
+from sqlalchemy import bindparam, delete, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .errors import ConfigurationError
@@ -55,6 +56,8 @@ class RateLimit(Limit):
         if not isinstance(name, str) or not name or len(name) > 100:
             raise ConfigurationError(f"RateLimit name must be 1-100 chars, got {name!r}")
         self.n, self.per, self.name = n, float(per), name
+        self._swept = float("-inf")  # monotonic time of this process's last ledger sweep
+        self._insert: dict[str, Any] = {}  # the ledger's INSERT, by table name
 
     def __repr__(self) -> str:
         return f"RateLimit({self.n}, per={self.per}, name={self.name!r})"
@@ -73,15 +76,23 @@ class RateLimit(Limit):
         return max(self.n - int(used), 0)
 
     async def consume(self, conn: AsyncConnection, tables: Tables, count: int) -> None:
-        """Record ``count`` starts in the claim's transaction; forget those out of reach."""
+        """Record ``count`` starts in the claim's transaction (one INSERT, stamped by the
+        database clock); at most once per ``per`` seconds, forget those out of reach
+        (older than ``2 * per``: the ledger holds at most ``3 * per`` seconds of rows)."""
         if count <= 0:
             return
         R = tables.rate
-        now = (await conn.execute(select(utcnow_plus(0.0)))).scalar_one()
-        await conn.execute(insert(R), [{"name": self.name, "at": now}] * count)
-        await conn.execute(
-            delete(R).where(R.c.name == self.name, R.c.at < utcnow_plus(-self.per * 2))
-        )
+        stmt = self._insert.get(R.name)
+        if stmt is None:  # built once: the time is the database's, taken per row
+            stmt = self._insert[R.name] = insert(R).values(
+                name=bindparam("n", type_=R.c.name.type), at=utcnow_plus(0.0))
+        await conn.execute(stmt, [{"n": self.name}] * count)
+        now = time.monotonic()
+        if now - self._swept >= self.per:
+            await conn.execute(
+                delete(R).where(R.c.name == self.name, R.c.at < utcnow_plus(-self.per * 2))
+            )
+            self._swept = now
 
 
 def check_limits(limits: Iterable[object]) -> None:

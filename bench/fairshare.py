@@ -13,7 +13,9 @@ alternately within each rep, so their ratios compare the same minutes:
 * ``stale``: N jobs in 10 groups after ``--stale`` other groups once had jobs (one job
   each, finished; on PostgreSQL vacuumed since, and once more right after they finished),
   against the same drain on a fresh database (target >= 0.9);
-* ``cap``: N jobs in one group with ``capacity=C`` and a global ``concurrency=C``, against
+* ``cap``: N jobs in one group with ``capacity=C`` and a global ``concurrency=C``, with
+  ``group_limits`` capping that group at C, and with a ``RateLimit`` it never reaches
+  (10**6 starts per second: counted at every claim, under the gate), each against
   ``capacity=C`` alone (target >= 0.7);
 * ``turnover``: ``--turn-jobs`` jobs of 50 ms under ``concurrency=8`` served by 3 worker
   processes (tests/sched_worker.py: capacity 10, poll 0.05 s), from their interval logs:
@@ -102,15 +104,19 @@ async def stale_groups(q: Any, count: int, vacuum: bool) -> None:
 
 
 async def drain(db: str, tmp: str, n: int, groups: int, capacity: int = 10,
-                concurrency: int | None = None, stale: int = 0, vacuum: bool = True) -> float:
-    """One fresh database: set up, drain, verify; jobs/s of the drain."""
+                concurrency: int | None = None, stale: int = 0, vacuum: bool = True,
+                group_cap: int | None = None, rate: int | None = None) -> float:
+    """One fresh database: set up, drain, verify; jobs/s of the drain. ``group_cap``: every
+    group capped at that (group_limits); ``rate``: a RateLimit(rate, per=1)."""
     from sqlalchemy import func, select
 
-    from aiojobqueue import JobQueue
+    from aiojobqueue import JobQueue, RateLimit
     from aiojobqueue import schema as S
 
     url, prefix = url_for(db, tmp), f"bf{uuid.uuid4().hex[:8]}_"
-    q = JobQueue(url, prefix=prefix, capacity=capacity, concurrency=concurrency)
+    q = JobQueue(url, prefix=prefix, capacity=capacity, concurrency=concurrency,
+                 group_limits={f"g{i:06d}": group_cap for i in range(groups)} if group_cap
+                 else None, limits=[RateLimit(rate, per=1.0)] if rate else ())
 
     @q.handler("noop")
     async def noop(ctx: Any) -> None:
@@ -256,6 +262,10 @@ async def amain(args: argparse.Namespace) -> None:
                         note(f"capacity={c}", await drain(db, tmp, args.n, 1, capacity=c))
                         note(f"capacity={c} concurrency={c}",
                              await drain(db, tmp, args.n, 1, capacity=c, concurrency=c))
+                        note(f"capacity={c} group_limits={c}",
+                             await drain(db, tmp, args.n, 1, capacity=c, group_cap=c))
+                        note(f"capacity={c} RateLimit(10**6)",
+                             await drain(db, tmp, args.n, 1, capacity=c, rate=10**6))
             med = {k: statistics.median(v) for k, v in rows.items()}
 
             def line(k: str, base: str | None) -> None:
@@ -279,6 +289,8 @@ async def amain(args: argparse.Namespace) -> None:
             for c in caps:
                 line(f"capacity={c}", None)
                 line(f"capacity={c} concurrency={c}", f"capacity={c}")
+                line(f"capacity={c} group_limits={c}", f"capacity={c}")
+                line(f"capacity={c} RateLimit(10**6)", f"capacity={c}")
             if "turnover" in only:
                 busy, med, p99, peak = await asyncio.to_thread(
                     turnover, db, tmp, args.turn_jobs)

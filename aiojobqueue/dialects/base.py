@@ -278,6 +278,12 @@ class DialectOps(InsertHooks, ABC):
     @abstractmethod
     def _is_transient(self, exc: BaseException) -> bool: ...
 
+    def is_rollback(self, exc: BaseException) -> bool:
+        """The database refused the transaction (a deadlock, a lock wait that timed out)
+        and nothing of it committed: running it again is safe even where a lost commit
+        answer would not be (a finalize). Never a lost connection."""
+        return False
+
     async def release(self) -> None:
         """Give back what the dialect holds between calls (JobQueue.close)."""
 

@@ -162,6 +162,13 @@ class MySQLOps(DialectOps):
             return bool(args) and args[0] in _TRANSIENT
         return False
 
+    def is_rollback(self, exc: BaseException) -> bool:
+        # deadlock (the server rolled it back), lock wait timeout (the caller rolls back)
+        if isinstance(exc, DBAPIError):
+            args: tuple[Any, ...] = tuple(getattr(exc.orig, "args", ()))
+            return bool(args) and args[0] in (1213, 1205)
+        return False
+
     #: characters of JSON rows per statement: well under the default max_allowed_packet (16 MB)
     MAX_DOCUMENT = 4_000_000
     # JSON_TABLE type of each field (bools travel as 0/1, times as naive UTC text)

@@ -270,6 +270,11 @@ class SQLiteOps(DialectOps):
             return None
         return _DataVersionWatch(path)
 
+    def is_rollback(self, exc: BaseException) -> bool:
+        # busy or locked: the statement did not run, and the caller rolls back (a COMMIT
+        # that is refused leaves the transaction open, rolled back as well)
+        return self._is_transient(exc)
+
     def _is_transient(self, exc: BaseException) -> bool:
         if isinstance(exc, OperationalError):
             name = getattr(exc.orig, "sqlite_errorname", "") or ""

@@ -67,14 +67,15 @@ class ParallelRound:
         try:
             async with out.lock:
                 batch = out.take()
+                # Under a counted cap the finalize and the claim share one transaction, so
+                # the claim takes over the slots the batch frees (beside it, it would find
+                # them still held and the freed slots would wait for the next poll).
+                if want and batch and self.core.settings.needs_gate:
+                    return await self.capped(batch, want, types, quick)
                 # With no backlog, a finalize that may release jobs (a dependent, a
                 # container's next child) goes first, so this round's claim already sees
                 # them: a DAG's critical path takes one round per step, not two.
-                # Under a counted cap the claim goes after the finalize, so it can take
-                # the slots the batch frees (beside it, it would find them still held and
-                # the freed slots would wait for the next poll).
-                capped = self.core.settings.needs_gate and bool(batch)
-                if want and not capped and (self.state.backlog or all(
+                if want and (self.state.backlog or all(
                         self.state.alone(o.job_id, o.attempt) for o in batch)):
                     claiming = asyncio.ensure_future(self.claim(want, types, quick))
                 if want and batch and claiming is None:
@@ -116,6 +117,18 @@ class ParallelRound:
     async def claim(self, want: int, types: list[str], quick: bool) -> list[Claimed] | None:
         """Lease up to ``want`` jobs into the buffer; None if the claim failed (back off)."""
         core, state = self.core, self.state
+        claimer = core.claimer
+        # The last claim found the global cap full: count without any lock first (a claim
+        # that can lease nothing must not queue for the gate, or for SQLite's write lock,
+        # ahead of the worker whose finalize is freeing a slot).
+        if claimer.cap_looks_full():
+            try:
+                if await core.db.read(claimer.cap_is_full):
+                    return []
+            except Exception as exc:
+                if not core.db.is_outage(exc):
+                    raise
+                return None
         t0 = time.monotonic()
         state.claiming = True
         # Shielded: a shutdown that lands mid-claim lets it finish, so its leases are not
@@ -149,6 +162,54 @@ class ParallelRound:
         recognised as such (see outcomes.py)."""
         fin = self.core.finalizer
         return await self.core.db.write(lambda conn: fin.finish_detailed(conn, batch), retries=0)
+
+    async def capped(self, batch: list[Outcome], want: int, types: list[str],
+                     quick: bool) -> tuple[bool, list[Claimed]]:
+        """A round under a counted cap (outcomes to write, slots to fill): finalize and
+        claim in one transaction (see _finalize_and_claim)."""
+        leased: list[Claimed] = []
+        wrote = await self.outcomes.write(batch, partial(
+            self._finalize_and_claim, batch, want, types, quick, leased))
+        return wrote, leased
+
+    async def _finalize_and_claim(
+        self, batch: list[Outcome], want: int, types: list[str], quick: bool,
+        got: list[Claimed],
+    ) -> list[Outcome]:
+        """The round in one transaction: the claim sees the slots the finalize freed (and,
+        under a cap, may take them over: Claimer.claim's ``freed``). The leased jobs go to
+        the buffer (and ``got``) once it has committed. A lost commit answer costs what a
+        lost claim's does (its leases are released as orphans)."""
+        core, state = self.core, self.state
+        t0 = time.monotonic()
+        taken: list[Claimed] = []
+        capped = core.settings.needs_gate
+
+        async def both(conn: Any) -> list[Outcome]:
+            applied = await core.finalizer.finish_detailed(conn, batch)
+            # every applied outcome took its job out of `running`: by group, the slots freed
+            # (only a counted cap asks; uncapped rounds skip the per-job count)
+            freed: dict[str, int] = {}
+            for o in applied if capped else ():
+                r = state.running.get(o.job_id)
+                if r is not None and r.claimed.attempt == o.attempt:
+                    freed[r.claimed.group] = freed.get(r.claimed.group, 0) + 1
+            taken[:] = await core.claimer.claim(conn, want, types, quick, freed)
+            return applied
+
+        state.claiming = True
+        try:
+            # Under a cap, a transaction that holds finished rows and then leases can meet
+            # another worker's in a deadlock: the database refused it whole, so it runs
+            # again (a failed round would leave the slots its batch holds idle for a
+            # back-off). Uncapped (SQLite), as any finalize: not retried.
+            applied = await (core.db.write_refused_again(both) if capped
+                             else core.db.write(both, retries=0))
+        finally:
+            state.claiming = False
+        state.buffer.extend((c, t0) for c in taken)
+        got.extend(taken)
+        return applied
 
 
 class SharedRound(ParallelRound):
@@ -184,30 +245,6 @@ class SharedRound(ParallelRound):
         # worker otherwise waits for each round between two jobs: bench/wake.py).
         cap = self.core.settings.capacity
         return min(super().prefetch(avg_run), max(SHARED_AHEAD, cap))
-
-    async def _finalize_and_claim(
-        self, batch: list[Outcome], want: int, types: list[str], quick: bool,
-        got: list[Claimed],
-    ) -> list[Outcome]:
-        """The round in one transaction. The leased jobs go to the buffer (and ``got``)
-        once it has committed."""
-        core, state = self.core, self.state
-        t0 = time.monotonic()
-        taken: list[Claimed] = []
-
-        async def both(conn: Any) -> list[Outcome]:
-            applied = await core.finalizer.finish_detailed(conn, batch)
-            taken[:] = await core.claimer.claim(conn, want, types, quick)
-            return applied
-
-        state.claiming = True
-        try:
-            applied = await core.db.write(both, retries=0)
-        finally:
-            state.claiming = False
-        state.buffer.extend((c, t0) for c in taken)
-        got.extend(taken)
-        return applied
 
 
 class AutocommitRound(ParallelRound):
@@ -254,6 +291,53 @@ class RoutineRound(AutocommitRound):
     def ask(self, want: int, types: list[str], quick: bool) -> LeaseAsk | None:
         return self.core.claimer.lease_ask(want, types, quick)
 
+    def _freeing(self, batch: list[Outcome]) -> dict[str, int] | None:
+        """The batch's jobs by group, where every outcome is a success of a job this worker
+        runs (what the routine may finish); else None."""
+        freeing: dict[str, int] = {}
+        for o in batch:
+            r = self.state.running.get(o.job_id)
+            if o.kind != "done" or r is None:
+                return None
+            freeing[r.claimed.group] = freeing.get(r.claimed.group, 0) + 1
+        return freeing
+
+    async def capped(self, batch: list[Outcome], want: int, types: list[str],
+                     quick: bool) -> tuple[bool, list[Claimed]]:
+        """Where every outcome is a success and the claimer may hand the freed slots over
+        (Claimer.hand_ask), one call of the routine finalizes them and leases their
+        replacements (no more than it finished: no gate); else as ParallelRound."""
+        core, claimer = self.core, self.core.claimer
+        ask: LeaseAsk | None = None
+        freeing = self._freeing(batch)
+        if freeing is not None:
+            ask = claimer.hand_ask(want, types, quick, freeing)
+            if (ask is None and claimer.handover_stale(time.monotonic(), quick)
+                    and not core.settings.db_limits and await self._quietly(
+                        lambda conn: claimer.still_one_group(conn, types))):
+                # the hand-over's window ran out: one census statement renews it
+                ask = claimer.hand_ask(want, types, quick, freeing)
+        if ask is None:
+            return await super().capped(batch, want, types, quick)
+        wrote = await self.outcomes.write(batch, partial(self.finalize, batch, ask))
+        if ask.rows is None:  # the routine declined: the slots are free, claim them
+            got = await self.claim(want, types, quick) if wrote else []
+            return wrote and got is not None, got or []
+        if len(ask.claimed) < len(batch) and want < len(batch):
+            # slots this worker cannot fill: wake the others for them
+            await self._quietly(core.db.ops.notify)
+        return wrote, ask.claimed
+
+    async def _quietly(self, fn: Callable[[Any], Awaitable[Any]]) -> Any:
+        """``fn`` in autocommit; None where the database is away (the round goes on: the
+        finalize's own write reports the outage)."""
+        try:
+            return await self.core.db.autocommit(fn)
+        except Exception as exc:
+            if not self.core.db.is_outage(exc):
+                raise
+            return None
+
     async def finalize(self, batch: list[Outcome], ask: LeaseAsk | None = None,
                        fast: list[Outcome] | None = None) -> list[Outcome]:
         """Where every success is fast, as AutocommitRound; else all successes by the
@@ -262,7 +346,7 @@ class RoutineRound(AutocommitRound):
         if fast is None:
             fast = self.fast(batch)
         done = [o for o in batch if o.kind == "done"]
-        if len(fast) == len(done):
+        if len(fast) == len(done) and (ask is None or not ask.hand):
             return await super().finalize(batch, None, fast)
         core, state = self.core, self.state
         fin = core.finalizer

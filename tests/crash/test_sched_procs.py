@@ -16,6 +16,7 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Callable
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -165,6 +166,56 @@ async def test_sigkilled_worker_frees_its_slots_after_lease_expiry(
         for jid in after:  # the dead worker's slots were counted until its leases expired
             started = (await q.get(jid)).started_at
             assert started is not None and started >= expiry
+
+
+async def test_handed_over_slots_keep_the_cap_with_a_sigkilled_worker(
+    make_queue: Callable[..., JobQueue], db_url: str, tmp_path: Path
+) -> None:
+    """One group under concurrency=4, 3 processes of capacity 3: finishing workers hand
+    their freed slots over in the finalize's transaction (no gate). One worker is SIGKILLed
+    mid-run: its leases keep counting until they expire and are reclaimed. Never above 4
+    running, 4 reached, every job done."""
+    from conftest import eventually
+
+    q = make_queue(concurrency=4)
+    async with q:
+        ids = await _backlog(q, 60, ms=60)
+        log = tmp_path / "intervals.jsonl"
+        opts = ["--concurrency", "4", "--capacity", "3", "--lease-ttl", "2.0"]
+        procs = [spawn(db_url, q.prefix, log, *opts) for _ in range(3)]
+        try:
+            await asyncio.to_thread(wait_ready, procs)
+            await eventually(lambda: len({r["pid"] for r in read_log(log)}) >= 2
+                             and len(read_log(log)) >= 12, timeout=30, every=0.02)
+            victim = next(p for p in procs if p.pid in {r["pid"] for r in read_log(log)})
+            killed_at = time.time()
+            os.kill(victim.pid, signal.SIGKILL)
+            victim.wait()
+            dead = await _leases_of(q, victim.pid)
+            await eventually(lambda: _all_done(q, ids), timeout=60, every=0.2)
+        finally:
+            await asyncio.to_thread(stop, procs)
+    rows = read_log(log)
+    assert {r["id"] for r in rows} == set(ids)
+    # the dead worker's leases ran (as far as the cap knows) until they expired
+    held = [{"start": killed_at, "end": end} for end in dead]
+    print("hand-over with a SIGKILL: max overlap", max_overlap(rows + held), "of cap 4;",
+          len(held), "dead leases")
+    assert max_overlap(rows + held) <= 4
+    assert max_overlap(rows) == 4
+
+
+async def _leases_of(q: JobQueue, pid: int) -> list[float]:
+    """When the running leases of the worker process ``pid`` expire (wall clock)."""
+    J, W = q._t.jobs, q._t.workers
+
+    async def read(conn: Any) -> list[Any]:
+        owner = select(W.c.id).where(W.c.pid == pid).scalar_subquery()
+        return list(await conn.execute(select(J.c.lease_expires).where(
+            J.c.state == JobState.RUNNING.value, J.c.lease_owner == owner)))
+
+    return [(r[0] if r[0].tzinfo else r[0].replace(tzinfo=UTC)).timestamp()
+            for r in await q._read(read)]
 
 
 async def _count_is(fn: Callable[[], Any], n: int) -> bool:

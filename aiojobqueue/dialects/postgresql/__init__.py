@@ -204,6 +204,13 @@ class PostgresOps(PgInsert, DialectOps):
     def listener(self, engine: AsyncEngine) -> Listener:
         return PgListener(engine, self.channel(), self.listen_url, self._deaf)
 
+    def is_rollback(self, exc: BaseException) -> bool:
+        # deadlock, serialization failure, lock not available: the transaction is aborted
+        if isinstance(exc, DBAPIError):
+            code = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
+            return code in ("40P01", "40001", "55P03")
+        return False
+
     def _is_transient(self, exc: BaseException) -> bool:
         if isinstance(exc, DBAPIError):
             code = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)

@@ -3,7 +3,7 @@ DECLARE
   v_ids bigint[]; v_rel bigint[]; v_parents bigint[]; v_next bigint[];
   v_busy bigint[] := '{}'; v_act bigint[] := '{}'; v_kids bigint[]; v_b bigint[];
   v_ready boolean := false; v_r boolean; v_nested boolean; v_p bigint; v_pp bigint;
-  v_deps bigint[]; v_boxes boolean; v_split integer;
+  v_deps bigint[]; v_boxes boolean; v_split integer; v_n integer;
 BEGIN
   WITH u AS (${finish_p_ids})
   SELECT coalesce(array_agg(u.id), '{}'),
@@ -71,7 +71,9 @@ ${split_block}
     EXIT WHEN cardinality(v_rel) = 0;
     v_parents := v_next;
   END LOOP;
-  IF p_n > 0 THEN
+  -- p_n < 0: a counted cap's hand-over, no more leased than this call finished
+  v_n := CASE WHEN p_n < 0 THEN least(-p_n, cardinality(v_ids)) ELSE p_n END;
+  IF v_n > 0 THEN
     WITH l AS (${lease})
     SELECT coalesce(jsonb_agg(jsonb_build_array(${row})), '[]') INTO o_leased FROM l;
   END IF;

@@ -27,7 +27,9 @@ up to ``p_n`` ready jobs of group ``p_g`` and types ``p_types`` to ``p_lo`` for
 ``p_ttl`` seconds by the statement claim() runs for its known group (a fresh
 snapshot: the jobs this call released are among them) and returns them as a JSON
 array of claim_columns() rows: the next step of a DAG leased in the call that made it
-runnable, one round trip less.
+runnable, one round trip less. Where ``p_n < 0`` (a counted cap's hand-over, see
+Claimer.hand_ask) it leases at most ``-p_n`` and at most as many jobs as the call
+finished, so the count the cap holds never grows: no gate to take.
 
 A split release (``split`` > 0): where the call finished one job on which more than
 ``max(4 * p_n, split)`` jobs wait (none of them a container), it releases only that
@@ -109,7 +111,7 @@ def settle_routine(
     result: Any = literal_column(
         f"CASE WHEN p_results IS NOT NULL THEN NULLIF(p_results -> "
         f"(array_position(p_ids, {jobs}.id) - 1), 'null'::jsonb) END")
-    leased = lease(literal_column("p_g"), literal_column("p_n"),
+    leased = lease(literal_column("p_g"), literal_column("v_n"),
                    lambda col: col == any_(literal_column("p_types")),
                    literal_column("p_lo"), literal_column("p_ttl"))
     names = dict(
