@@ -92,7 +92,13 @@ class BellWatch(Listener):
             await conn.run_sync(_execute, f"INSERT IGNORE INTO `{self._meta}` (name, value) "
                                           f"VALUES {rows}", ())
             on_wake("")  # (re)connected: something may have rung while we were away
-            await self._watch(conn, look, on_wake)
+            try:
+                await self._watch(conn, look, on_wake)
+            except BaseException:
+                # cancelled (or failed) in the middle of a statement: the link is out of
+                # step, so drop it rather than let closing it roll back on it
+                await asyncio.shield(conn.invalidate())
+                raise
 
     async def _watch(self, conn: AsyncConnection, look: str, on_wake: WakeCallback) -> None:
         loop = asyncio.get_running_loop()
@@ -107,8 +113,7 @@ class BellWatch(Listener):
             try:  # a silently dead link would leave the look waiting for ever
                 async with asyncio.timeout(wait + LOOK_TIMEOUT):
                     mark = await conn.run_sync(_look, look, last, wait)
-            except TimeoutError:
-                await conn.invalidate()  # (closing it would wait on the dead link too)
+            except TimeoutError:  # (closing it would wait on the dead link: see run)
                 raise ConnectionError(
                     f"the bell watch got no answer in {wait + LOOK_TIMEOUT}s") from None
             self.looks += 1
@@ -125,6 +130,7 @@ class BellWatch(Listener):
                     elif before == "slept":
                         self.misses += 1
                         misses += 1
+                        log.debug("bell watch of %s: a ring came without a KILL", self._meta)
                         if misses >= MISSES:
                             misses = 0
                             trust_at = now + REPROBE
