@@ -151,7 +151,7 @@ class MySQLOps(DialectOps):
     def for_update(self, stmt: Select[Any]) -> Select[Any]:
         return stmt.with_for_update()
 
-    # -- wake-up: the doorbell in meta and KILL QUERY (mysql_bell.py, mysql_watch.py) -------------------------------
+    # -- wake-up: the doorbell in meta, KILL QUERY (mysql_bell.py, mysql_watch.py) ----
     async def notify(self, conn: AsyncConnection, payload: str = "") -> None:
         ring(conn, self.t.meta.name)
 

@@ -182,6 +182,8 @@ def _look(conn: Connection, sql: str, last: int, wait: float) -> int | None:
             raise _lost(exc) from exc
     finally:
         cur.close()
+    if row is None:  # pragma: no cover - a SELECT of one row
+        raise ConnectionError("the bell watch's look returned no row")
     if row[1] == 1:  # MySQL: a SLEEP() alone that KILL QUERY ended returns 1
         return None
     return int(row[0])
