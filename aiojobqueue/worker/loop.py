@@ -29,6 +29,9 @@ from .outcomes import Outcomes
 from .report import jlog
 from .state import Running, WorkerState
 
+#: seconds before a second look when a wake-up's claim found nothing (see _tick_loop)
+RELOOK = 0.02
+
 
 class Worker:
     """The serving side of one queue (one per process)."""
@@ -129,6 +132,12 @@ class Worker:
                 # for other groups to the next one).
                 delay = (0.0 if (got and len(got) == want) or out.outbox
                          or self.core.claimer.census_due else s.poll_interval)
+                if quick and not got and want:
+                    # Woken for a job and found none: look once more shortly. Every idle
+                    # worker wakes on the same commit, and a claim's SKIP LOCKED skips a row
+                    # that another one's scan holds for a moment (InnoDB locks the rows it
+                    # reads before checking the job type), so the job may still be there.
+                    delay = min(delay, RELOOK)
         finally:
             out.pumping = False
 
