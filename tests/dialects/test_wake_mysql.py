@@ -41,6 +41,16 @@ async def main(url, prefix, n, gap):
             await q.enqueue("t", {})
 asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])))
 """
+#: the same through SyncQueue (pymysql: the same hooks on a sync engine)
+SYNC_PRODUCER = """
+import sys, time
+from aiojobqueue import SyncQueue
+with SyncQueue(sys.argv[1], prefix=sys.argv[2]) as q:
+    for _ in range(int(sys.argv[3])):
+        time.sleep(float(sys.argv[4]))
+        print(time.time(), flush=True)
+        q.enqueue("t", {})
+"""
 #: what "at once" means on a loaded 2-core box (the watch sleeps 30 s)
 PROMPT = 0.5
 
@@ -50,10 +60,11 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
-async def _produce(url: str, prefix: str, n: int, gap: float) -> tuple[list[float], str]:
+async def _produce(url: str, prefix: str, n: int, gap: float, code: str = PRODUCER
+                   ) -> tuple[list[float], str]:
     """(wall clock before each enqueue, the producer's stderr)."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", PRODUCER, url, prefix, str(n), str(gap), env=_env(),
+        sys.executable, "-c", code, url, prefix, str(n), str(gap), env=_env(),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode == 0, err.decode()
@@ -108,6 +119,16 @@ async def test_a_sleeping_watch_is_woken_by_another_process(
     assert max(late) < PROMPT, late
     assert w.watch.kills >= len(done)
     assert w.watch.misses == 0 and not w.watch.polling
+
+
+async def test_a_syncqueue_enqueue_wakes_a_sleeping_watch(
+    watching: tuple[JobQueue, Watching], db_url: str, prefix: str
+) -> None:
+    _q, w = watching
+    done, _err = await _produce(db_url, prefix, 2, 0.6, SYNC_PRODUCER)
+    await asyncio.sleep(PROMPT)
+    assert max(w.first_after(t) - t for t in done) < PROMPT
+    assert w.watch.kills >= len(done)
 
 
 async def test_a_rolled_back_transaction_wakes_nothing(
