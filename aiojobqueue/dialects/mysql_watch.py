@@ -31,6 +31,7 @@ import logging
 from typing import Any
 
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .base import Listener, WakeCallback
@@ -83,7 +84,11 @@ class BellWatch(Listener):
                 f"(SELECT COALESCE(SUM(CAST(value AS UNSIGNED)), 0) AS m FROM `{self._meta}` "
                 f"WHERE name IN ({names})) AS b")
         rows = ", ".join(f"('{n}', '0')" for n in bell_names())
-        async with self._engine.connect() as conn:
+        try:
+            conn = await self._engine.connect()
+        except PoolTimeout as exc:  # every pooled connection busy: the side loop retries
+            raise ConnectionError(f"the bell watch found no free connection: {exc}") from exc
+        try:
             # out of the pool: never counted against it, never handed to anyone else
             await conn.run_sync(lambda c: c.detach())
             # autocommit on the server (no SQLAlchemy isolation setting: it would be reset
@@ -99,6 +104,8 @@ class BellWatch(Listener):
                 # step, so drop it rather than let closing it roll back on it
                 await asyncio.shield(conn.invalidate())
                 raise
+        finally:
+            await conn.close()  # (after invalidate(): nothing left to close)
 
     async def _watch(self, conn: AsyncConnection, look: str, on_wake: WakeCallback) -> None:
         loop = asyncio.get_running_loop()
