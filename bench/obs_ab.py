@@ -3,7 +3,7 @@
     git worktree add --detach /tmp/ajq-old 033873a     # the tree before issue 20
     PYTHONPATH=$PWD /work/venv/bin/python bench/obs_ab.py --old /tmp/ajq-old \\
         [--base TREE] [--dbs sqlite,postgresql,mariadb] [--shapes flat,dag] [--conc 10,50]
-        [--rounds 3]
+        [--rounds 3] [--no-sdk]
 
 Three variants (four with ``--base``), each in a fresh process importing its own
 ``aiojobqueue``:
@@ -149,6 +149,8 @@ def main() -> None:
     ap.add_argument("--conc", default="10,50")
     ap.add_argument("--n", type=int, default=5000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-sdk", action="store_true",
+                    help="leave out the variant with the OpenTelemetry SDK on (old against off)")
     ap.add_argument("--otel", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -158,7 +160,8 @@ def main() -> None:
         return
     if not a.old:
         ap.error("--old is required")
-    trees = {"old": a.old, **({"base": a.base} if a.base else {}), "off": ROOT, "on": ROOT}
+    trees = {"old": a.old, **({"base": a.base} if a.base else {}), "off": ROOT,
+             **({} if a.no_sdk else {"on": ROOT})}
     variants = tuple(trees)
     cells = [(db, shape, int(c)) for db in a.dbs.split(",") for shape in a.shapes.split(",")
              for c in a.conc.split(",")]
@@ -179,7 +182,8 @@ def main() -> None:
         loads.append(load())
     print(f"\n{a.rounds} rounds of N={a.n:,}; load average (1/5/15 min) at each round's end: "
           + "; ".join(loads))
-    ratios = [("off", "old"), *([("off", "base")] if a.base else []), ("on", "off")]
+    ratios = [("off", "old"), *([("off", "base")] if a.base else []),
+              *([] if a.no_sdk else [("on", "off")])]
     for k, (what, fmt) in enumerate((("jobs/s", "{:,.0f}"), ("CPU us/job", "{:,.1f}"))):
         print("\n| database | drain | C | " + " | ".join(f"{v} {what}" for v in variants)
               + " | " + " | ".join(f"{x} / {y}" for x, y in ratios) + " |")
