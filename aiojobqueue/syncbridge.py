@@ -44,12 +44,6 @@ class SyncConnection:
         return self._conn.engine
 
     @property
-    def sync_connection(self) -> Connection:
-        """The sync ``Connection`` itself, as an ``AsyncConnection`` names its own (where a
-        dialect hooks the transaction's commit, e.g. the MySQL bell)."""
-        return self._conn
-
-    @property
     def info(self) -> dict[Any, Any]:
         """The connection's own ``info`` (what its commit hooks read)."""
         return self._conn.info

@@ -34,7 +34,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
@@ -71,16 +71,8 @@ def watch_tag(meta: str) -> str:
 def ring(conn: AsyncConnection | Connection, meta: str) -> None:
     """Ring the bell of the queue whose ``meta`` table is named ``meta`` when ``conn``'s
     transaction commits (nothing if it rolls back)."""
-    # (an AsyncConnection, or what stands for one, names its sync Connection)
-    sync: Connection = getattr(conn, "sync_connection", None) or cast(Connection, conn)
-    _hook(sync.engine)
-    # The commit and rollback hooks go on this connection, not the engine: a ConnectionEvents
-    # listener on an engine puts every statement of every connection on SQLAlchemy's event
-    # path (about 10 more calls a job in a drain that rings nothing).
-    if not event.contains(sync, "commit", _commit):
-        event.listen(sync, "commit", _commit)
-        event.listen(sync, "rollback", _rollback)
-    rings: set[str] = sync.info.setdefault(_RING, set())
+    _hook(conn.sync_engine if isinstance(conn, AsyncConnection) else conn.engine)
+    rings: set[str] = conn.info.setdefault(_RING, set())
     rings.add(meta)
 
 
@@ -159,41 +151,9 @@ class Bell:
             cur.close()
 
 
-def _commit(conn: Connection) -> None:
-    """Just before COMMIT: bump a shard of each rung bell, and note which watches to KILL
-    once the connection is back in the pool (after the real COMMIT)."""
-    rings = conn.info.pop(_RING, None)
-    if not rings:
-        return
-    bell: Bell = conn.engine._ajq_bell  # type: ignore[attr-defined]
-    shard = random.randrange(SHARDS)
-    born = conn.info.get(_BORN, float("-inf"))
-    due: list[tuple[str, int]] = []
-    # the DBAPI cursor: no SQLAlchemy execution (and its events) inside the commit; with
-    # an async driver its execute awaits in this greenlet
-    cur = conn.connection.cursor()
-    try:
-        for meta in sorted(rings):  # one order: two queues' bells never deadlock
-            cur.execute(f"UPDATE `{meta}` SET value = CAST(value AS UNSIGNED) + 1 "
-                        f"WHERE name = 'wake:{shard}'")
-            due += [(meta, i) for i in bell.sleepers(meta).due(cur, meta, born)]
-    finally:
-        cur.close()
-    if due:
-        conn.info[_KILL] = due
-
-
-def _rollback(conn: Connection) -> None:
-    """A rolled-back transaction rings nothing."""
-    if not conn.invalidated:  # (an invalidated connection's info went with it)
-        conn.info.pop(_RING, None)
-        conn.info.pop(_KILL, None)
-
-
 def _hook(engine: Engine) -> None:
-    """The pool hooks, once per engine (a user's engine too, where a batch runs inside the
-    user's transaction: it rings when the user commits, and KILLs when the connection is
-    returned). Pool events cost statements nothing."""
+    """The hooks, once per engine (a user's engine too, where a batch runs inside the user's
+    transaction: it rings when the user commits, and KILLs when the connection is returned)."""
     if getattr(engine, "_ajq_bell", None) is not None:
         return
     bell = Bell()
@@ -201,6 +161,33 @@ def _hook(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _connect(_dbapi_conn: Any, record: Any) -> None:
         record.info[_BORN] = time.monotonic()
+
+    @event.listens_for(engine, "commit")
+    def _commit(conn: Connection) -> None:
+        rings = conn.info.pop(_RING, None)
+        if not rings:
+            return
+        shard = random.randrange(SHARDS)
+        born = conn.info.get(_BORN, float("-inf"))
+        due: list[tuple[str, int]] = []
+        # the DBAPI cursor: no SQLAlchemy execution (and its events) inside the commit; with
+        # an async driver its execute awaits in this greenlet
+        cur = conn.connection.cursor()
+        try:
+            for meta in sorted(rings):  # one order: two queues' bells never deadlock
+                cur.execute(f"UPDATE `{meta}` SET value = CAST(value AS UNSIGNED) + 1 "
+                            f"WHERE name = 'wake:{shard}'")
+                due += [(meta, i) for i in bell.sleepers(meta).due(cur, meta, born)]
+        finally:
+            cur.close()
+        if due:
+            conn.info[_KILL] = due
+
+    @event.listens_for(engine, "rollback")
+    def _rollback(conn: Connection) -> None:
+        if not conn.invalidated:  # (an invalidated connection's info went with it)
+            conn.info.pop(_RING, None)
+            conn.info.pop(_KILL, None)
 
     @event.listens_for(engine, "checkin")
     def _checkin(dbapi_conn: Any, record: Any) -> None:
