@@ -9,12 +9,7 @@ Per database, one table row:
   interpreter and connections), the worker idle in this one with the default settings
   (``poll_interval=1``). *warm*: 20 ms apart, as the shared harness sends them (the MySQL
   bell watch then looks every 10 ms); *cold*: 1.3 s apart (past its warm second: the watch
-  sleeps on the server until a KILL QUERY, what a long-idle worker does). *from another
-  host*: the cold enqueues from a network namespace of its own on a bridge, reaching the
-  server over that link through a forwarder process (tests/netkit.py; needs root, else —).
-* **next start**: completion -> next start across processes: a job finishes in another
-  process (its worker idle in between), its finalize releases a dependent, and the idle
-  worker here (which serves only the dependent) starts it; 1.3 s apart.
+  looks every 50 ms, what a long-idle worker does).
 * **idle q/s**: the statements one idle worker sends the server per second (its pool and its
   wake-up's own connection), counted by the client over a quiet window, at about 1,000 and
   1,000,000 rows in the jobs table, and the median time of one bell look at each (MySQL).
@@ -22,10 +17,7 @@ Per database, one table row:
   claim1 + finalize1 loop of ``/work/shared/bench-sqlite-mariadb`` (SQLite at
   ``synchronous=FULL``, as aiojobqueue runs it; MariaDB one client), alternated.
 * **bell cost** (MariaDB): single ``enqueue()`` calls per second with the bell rung and with
-  it silenced, alternated (one bell UPDATE per enqueue transaction; no worker: no KILL);
-  and, with an idle worker sleeping in another process, the median time of one
-  ``enqueue()`` 0.6 s apart (each then also looks at the process list or not, and sends
-  one KILL QUERY) rung vs silenced.
+  it silenced, alternated (the worst case: one bell UPDATE per enqueue transaction).
 """
 
 from __future__ import annotations
@@ -34,7 +26,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -44,7 +35,6 @@ import uuid
 from typing import Any
 
 from sqlalchemy import event, text
-from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from aiojobqueue import JobQueue
@@ -57,8 +47,6 @@ URLS = {
     "postgresql": "postgresql+asyncpg://postgres@127.0.0.1:5432/test",
 }
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TESTS = os.path.join(ROOT, "tests")
-sys.path.insert(0, TESTS)  # netkit: hosts as network namespaces
 
 PRODUCER = """
 import asyncio, sys, time
@@ -118,9 +106,8 @@ async def _stop(task: asyncio.Task[None]) -> None:
 
 
 # -- wake latency ---------------------------------------------------------------------------
-async def wake(t: Target, n: int, gap: float, host: Host | None = None) -> list[float]:
-    """Latencies (ms) of n enqueues from another process, ``gap`` s apart (on ``host``: in
-    its network namespace, over its link)."""
+async def wake(t: Target, n: int, gap: float) -> list[float]:
+    """Latencies (ms) of n enqueues from another process, ``gap`` s apart."""
     url, prefix = t.fresh()
     q = JobQueue(url, prefix=prefix)
     lat: list[float] = []
@@ -135,11 +122,8 @@ async def wake(t: Target, n: int, gap: float, host: Host | None = None) -> list[
             worker = await _serving(q)
             try:
                 env = {**os.environ, "PYTHONPATH": ROOT}
-                cmd = [sys.executable, "-c", PRODUCER, url if host is None else host.url(url),
-                       prefix, str(n), str(gap)]
-                if host is not None:
-                    cmd = ["ip", "netns", "exec", host.ns, *cmd]
-                proc = await asyncio.create_subprocess_exec(*cmd, env=env)
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-c", PRODUCER, url, prefix, str(n), str(gap), env=env)
                 await proc.wait()
                 deadline = time.monotonic() + 10
                 while len(lat) < n and time.monotonic() < deadline:  # noqa: ASYNC110
@@ -149,124 +133,6 @@ async def wake(t: Target, n: int, gap: float, host: Host | None = None) -> list[
     finally:
         await t.drop(url, prefix)
     return lat
-
-
-FORWARD = """
-import sys
-sys.path.insert(0, sys.argv[3])
-from netkit import Forwarder
-f = Forwarder(sys.argv[1], ("127.0.0.1", int(sys.argv[2]))).start()
-print(f.port, flush=True)
-sys.stdin.read()
-f.stop()
-"""
-
-
-class Host:
-    """Another host: a network namespace on a bridge (tests/netkit.py), reaching the server
-    through a forwarder on the bridge's address (the servers listen on 127.0.0.1 only), in a
-    process of its own."""
-
-    def __init__(self) -> None:
-        from netkit import Net
-
-        self.net = Net(1)
-        self.ns = self.net.ns[0]
-        self._fwd: dict[int, tuple[asyncio.subprocess.Process, int]] = {}
-
-    @staticmethod
-    def possible() -> bool:
-        return os.geteuid() == 0 and shutil.which("ip") is not None
-
-    async def __aenter__(self) -> Host:
-        try:
-            self.net.up()
-        except BaseException:
-            self.net.down()
-            raise
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        for proc, _ in self._fwd.values():
-            if proc.stdin is not None:
-                proc.stdin.close()
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
-        self.net.down()
-
-    async def forward(self, port: int) -> None:
-        """A forwarder from the bridge to 127.0.0.1:``port``."""
-        if port in self._fwd:
-            return
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", FORWARD, self.net.gateway, str(port), TESTS,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
-        assert proc.stdout is not None
-        self._fwd[port] = (proc, int((await proc.stdout.readline()).decode()))
-
-    def url(self, url: str) -> str:
-        """``url`` as this host reaches the server (forward() its port first)."""
-        u = make_url(url)
-        return u.set(host=self.net.gateway, port=self._fwd[u.port or 0][1]).render_as_string(
-            hide_password=False)
-
-
-UPSTREAM = """
-import asyncio, sys, time
-from aiojobqueue import JobQueue
-async def main(url, prefix, secs):
-    q = JobQueue(url, prefix=prefix)
-    @q.handler("a")
-    async def a(ctx, i):
-        print(i, time.time(), flush=True)
-    async with q:
-        serving = asyncio.create_task(q.serve())
-        await asyncio.sleep(secs)
-        serving.cancel()
-        try:
-            await serving
-        except asyncio.CancelledError:
-            pass
-asyncio.run(main(sys.argv[1], sys.argv[2], float(sys.argv[3])))
-"""
-
-
-async def next_start(t: Target, n: int, gap: float) -> list[float]:
-    """Latencies (ms) from "a" returning in another process to its dependent "b" starting
-    in this one, n chains ``gap`` s apart."""
-    url, prefix = t.fresh()
-    q = JobQueue(url, prefix=prefix)
-    started: dict[int, float] = {}
-
-    @q.handler("b")
-    async def b(ctx: Any, i: int) -> None:
-        started[i] = time.time()
-
-    try:
-        async with q:
-            worker = await _serving(q)
-            env = {**os.environ, "PYTHONPATH": ROOT}
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-c", UPSTREAM, url, prefix, str(3 + n * gap + 3), env=env,
-                stdout=asyncio.subprocess.PIPE)
-            try:
-                await asyncio.sleep(2.5)  # the other worker is up and idle
-                for i in range(n):
-                    async with q.batch() as bt:
-                        a = bt.add("a", {"i": i})
-                        bt.add("b", {"i": i}, depends_on=[a])
-                    await asyncio.sleep(gap)
-                out, _ = await proc.communicate()
-            finally:
-                if proc.returncode is None:
-                    proc.kill()
-                    await proc.wait()
-                await _stop(worker)
-    finally:
-        await t.drop(url, prefix)
-    ended = {int(i): float(ts) for i, ts in (ln.split() for ln in out.decode().splitlines())}
-    return [(started[i] - ended[i]) * 1000 for i in ended if i in started]
 
 
 # -- idle cost --------------------------------------------------------------------------------
@@ -413,53 +279,6 @@ async def enqueue_rate(t: Target, n: int, bell: bool) -> float:
         await t.drop(url, prefix)
 
 
-IDLE_WORKER = """
-import asyncio, sys
-from aiojobqueue import JobQueue
-async def main(url, prefix):
-    q = JobQueue(url, prefix=prefix)
-    @q.handler("t")
-    async def t(ctx, ts):
-        pass
-    async with q:
-        await q.serve()
-asyncio.run(main(sys.argv[1], sys.argv[2]))
-"""
-
-
-async def enqueue_ms_watched(t: Target, n: int, gap: float, bell: bool) -> float:
-    """Median ms of one enqueue(), ``gap`` s apart, an idle worker sleeping in another
-    process (it runs each job: every enqueue finds it asleep again)."""
-    import aiojobqueue.dialects.mysql as my
-
-    url, prefix = t.fresh()
-    real = my.ring
-    if not bell:
-        my.ring = lambda conn, meta: None  # type: ignore[assignment]
-    took: list[float] = []
-    try:
-        async with JobQueue(url, prefix=prefix) as q:
-            env = {**os.environ, "PYTHONPATH": ROOT}
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-c", IDLE_WORKER, url, prefix, env=env)
-            try:
-                await asyncio.sleep(3.0)  # up, idle, past its grace: asleep
-                for _ in range(5):
-                    await q.enqueue("t", {"ts": 0})
-                for _ in range(n):
-                    await asyncio.sleep(gap)
-                    t0 = time.perf_counter()
-                    await q.enqueue("t", {"ts": 0})
-                    took.append((time.perf_counter() - t0) * 1000)
-            finally:
-                proc.kill()
-                await proc.wait()
-    finally:
-        my.ring = real  # type: ignore[assignment]
-        await t.drop(url, prefix)
-    return statistics.median(took)
-
-
 def fmt(x: float | None, nd: int = 0) -> str:
     return "—" if x is None else f"{x:,.{nd}f}"
 
@@ -468,8 +287,7 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dbs", default="sqlite,mariadb,postgresql")
     ap.add_argument("--lat", type=int, default=100, help="warm enqueues, 20 ms apart")
-    ap.add_argument("--cold", type=int, default=40, help="cold enqueues, 1.3 s apart")
-    ap.add_argument("--chains", type=int, default=15, help="next-start chains, 1.3 s apart")
+    ap.add_argument("--cold", type=int, default=15, help="cold enqueues, 1.3 s apart")
     ap.add_argument("--n1", type=int, default=3000, help="jobs per capacity=1 drain")
     ap.add_argument("--pairs", type=int, default=2, help="alternated C=1 / raw pairs")
     ap.add_argument("--big", type=int, default=1_000_000, help="rows of the large table")
@@ -482,12 +300,6 @@ async def main() -> None:
         t = Target(db, tmp)
         warm = await wake(t, args.lat, 0.02)
         cold = await wake(t, args.cold, 1.3)
-        remote: list[float] | None = None
-        if db != "sqlite" and Host.possible():
-            async with Host() as host:
-                await host.forward(make_url(URLS[db] or "").port or 0)
-                remote = await wake(t, args.cold, 1.3, host)
-        chain = await next_start(t, args.chains, 1.3)
         small = await idle(t, 1000, args.window)
         big = await idle(t, args.big, args.window) if db == "mariadb" else None
         c1: list[float] = []
@@ -507,9 +319,7 @@ async def main() -> None:
             f"{small[1]:.2f} / {big[1]:.2f}" if big and big[1] is not None else f"{small[1]:.2f}")
         rows.append([
             db, f"{pct(warm, 50):.1f} / {pct(warm, 99):.1f}",
-            f"{pct(cold, 50):.1f} / {pct(cold, 99):.1f}",
-            f"{pct(remote, 50):.1f} / {pct(remote, 99):.1f}" if remote else "—",
-            f"{pct(chain, 50):.1f} / {pct(chain, 99):.1f} (n={len(chain)})", idle_txt, look,
+            f"{pct(cold, 50):.1f} / {pct(cold, 99):.1f}", idle_txt, look,
             f"{fmt(c1m)} (pairs: {', '.join(fmt(x) for x in c1)})",
             f"{fmt(rawm)} ({', '.join(fmt(x) for x in raw)})" if raw else "—", ratio,
         ])
@@ -524,20 +334,7 @@ async def main() -> None:
                 f"{statistics.median(off):,.0f}/s silenced (pairs on/off: "
                 + ", ".join(f"{a:,.0f}/{b:,.0f}" for a, b in zip(on, off, strict=True))
                 + f"): **{statistics.median(on) / statistics.median(off):.2f}**")
-            won: list[float] = []
-            woff: list[float] = []
-            for _ in range(args.pairs):
-                won.append(await enqueue_ms_watched(t, 20, 0.6, True))
-                woff.append(await enqueue_ms_watched(t, 20, 0.6, False))
-            notes.append(
-                f"MariaDB bell cost with an idle worker asleep in another process: one "
-                f"enqueue() 0.6 s apart {statistics.median(won):.2f} ms rung (UPDATE, KILL "
-                f"QUERY) vs {statistics.median(woff):.2f} ms silenced (pairs on/off: "
-                + ", ".join(f"{a:.2f}/{b:.2f}" for a, b in zip(won, woff, strict=True))
-                + f"): **{statistics.median(won) / statistics.median(woff):.2f}**")
     head = ["database", "wake warm p50 / p99 ms", "wake cold p50 / p99 ms",
-            "cold, from another host",
-            "next start p50 / p99 ms",
             "idle q/s @ jobs rows", "bell look ms (small / large)", "C=1 jobs/s",
             "raw claim1+finalize1 jobs/s", "C=1 / raw"]
     print("| " + " | ".join(head) + " |")

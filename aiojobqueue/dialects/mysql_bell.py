@@ -1,71 +1,54 @@
-"""MySQL/MariaDB wake-up, the ringing side: a doorbell counter in ``meta``, and a KILL QUERY
-that ends the watches' interruptible sleep once the rows are committed.
+"""MySQL/MariaDB wake-up: a doorbell counter in ``meta`` that idle workers poll.
 
-The servers have no LISTEN/NOTIFY, but a session may end another session's running
-statement (``KILL QUERY id``: always its own user's, another user's with CONNECTION ADMIN
-or SUPER). So an idle worker's watch (mysql_watch.py) sits in a ``SELECT ... SLEEP(s)``
-tagged with its queue's name, and whoever makes a job runnable ends that sleep:
+The servers have no LISTEN/NOTIFY and no blocking wait another session can end, so an idle
+worker reads a tiny marker often instead: the sum of the SHARDS ``wake:N`` rows of the
+queue's ``meta`` table (a primary-key range of SHARDS rows: the same cost at 1,000 jobs as
+at 1,000,000). Every transaction that makes a job runnable (an enqueue of a ready job, a
+release of dependents, a job handed back) calls ``DialectOps.notify``; here that only marks
+the connection, and the ``commit`` hook adds one to a random shard just before COMMIT. So:
 
-* Every transaction that makes a job runnable (an enqueue of a ready job, a release of
-  dependents, a job handed back) calls ``DialectOps.notify``; that only marks the
-  connection. Its ``commit`` hook adds one to a random row of the SHARDS ``wake:N`` rows of
-  the queue's ``meta`` table just before COMMIT (the rows commit together: a rolled-back
-  transaction rings nothing, a watch never sees the bell before the rows it announces; the
-  bell row is the transaction's last lock, held only for its COMMIT).
-* The same hook picks the watches to wake: the threads the process list shows running the
-  queue's tagged watch statement (looked up at most every SEEN seconds per engine, inside
-  the transaction), each at most once per THROTTLE seconds (a watch just woken polls for a
-  second anyway). Their ids wait in the connection's ``info`` until the connection goes
-  back to the pool, i.e. after the COMMIT (SQLAlchemy's ``commit`` event fires before it),
-  and are sent there as ``KILL QUERY`` (one round trip each).
-* The counter stays the truth: a watch re-reads it inside its sleep statement, so a KILL
-  that comes early, late, twice or never loses nothing; without one (a refused KILL, an
-  older producer, a connection kept open after its commit) the watch's sleep runs out and
-  it notices the counter moved (see mysql_watch.py: it then polls).
+* a rolled-back transaction rings nothing, and a watcher never sees the bell before the
+  rows it announces are committed (they commit together);
+* the bell row is the transaction's last lock, held only for its COMMIT, so writers never
+  deadlock on it, and SHARDS rows keep concurrent committers from queueing on one.
 
-A thread id is never reused while the server runs; after a restart ids start again, so a
-connection made after the last look at the process list throws the looked-up ids away
-and looks again before it KILLs anything.
+The watch polls every FAST seconds for WARM seconds after the last ring (a burst of work
+keeps idle workers a few milliseconds away), then slows to SLOW seconds (what a long-idle
+worker costs the server: 1 / SLOW queries per second). Polling by the worker loop
+(``poll_interval``) stays the backstop for what rings nothing (a delay that expires).
 """
 
 from __future__ import annotations
 
-import logging
+import asyncio
 import random
-import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.pool import NullPool
 
-log = logging.getLogger("aiojobqueue.listener")
+from .base import Listener, WakeCallback
 
 #: bell rows per queue (``wake:0`` ...): concurrent committers spread over them
 SHARDS = 8
-#: seconds a ringer trusts its look at the process list (a new watch polls this long first)
-SEEN = 1.0
-#: seconds between two KILLs of one watch by one process (a woken watch polls for WARM)
-THROTTLE = 0.5
-#: ``Connection.info`` keys: the meta tables whose bell this transaction rings at commit; the
-#: watch threads to KILL once the connection is back in the pool; when it was connected
+#: seconds between looks while warm, ...
+FAST = 0.01
+#: ... for this many seconds after the bell last changed, ...
+WARM = 1.0
+#: ... then the interval grows (x GROW per look) up to this
+SLOW = 0.05
+GROW = 1.25
+#: seconds a look may take before the watch reconnects (the worker's loop logs it)
+LOOK_TIMEOUT = 10.0
+#: ``Connection.info`` key: the meta tables whose bell this transaction rings at commit
 _RING = "ajq_ring"
-_KILL = "ajq_kill"
-_BORN = "ajq_born"
-#: the server's "unknown thread id" and "you are not owner of thread"
-_UNKNOWN, _REFUSED = 1094, 1095
 
 
 def bell_names() -> list[str]:
     """The ``meta`` row names of the bell's shards."""
     return [f"wake:{i}" for i in range(SHARDS)]
-
-
-def watch_tag(meta: str) -> str:
-    """The comment that starts a watch's sleep statement: how ringers find it in the
-    process list."""
-    return f"/* ajq-bell:{meta} */"
 
 
 def ring(conn: AsyncConnection | Connection, meta: str) -> None:
@@ -76,91 +59,11 @@ def ring(conn: AsyncConnection | Connection, meta: str) -> None:
     rings.add(meta)
 
 
-@dataclass
-class Sleepers:
-    """What one engine knows of one queue's watches."""
-
-    #: thread ids seen running the watch statement (kept until a KILL says they are gone)
-    ids: set[int] = field(default_factory=set)
-    #: ids whose KILL was refused (another user): never tried again
-    refused: set[int] = field(default_factory=set)
-    #: time.monotonic() of the last look at the process list
-    seen_at: float = float("-inf")
-    #: id -> time.monotonic() of its last KILL from here
-    killed: dict[int, float] = field(default_factory=dict)
-
-    def due(self, cur: Any, meta: str, born: float) -> list[int]:
-        """The watches to KILL for a ring now, looking at the process list (on ``cur``)
-        when the last look is old or older than the connection."""
-        now = time.monotonic()
-        if born > self.seen_at:  # maybe another server instance: its ids mean nothing here
-            self.ids.clear()
-        if now - self.seen_at > SEEN or born > self.seen_at:
-            self.seen_at = now
-            # (a LIKE prefix: "_" in the name matches any character, at worst a spurious wake)
-            try:
-                cur.execute("SELECT ID FROM information_schema.PROCESSLIST WHERE INFO LIKE %s",
-                            (f"SELECT {watch_tag(meta)}%",))
-                self.ids |= {int(r[0]) for r in cur.fetchall()} - self.refused
-            except Exception as exc:  # (MySQL deprecates the table): the watches poll
-                log.debug("bell: the process list is unreadable (%s)", exc)
-        out = [i for i in self.ids if now - self.killed.get(i, float("-inf")) >= THROTTLE]
-        for i in out:
-            self.killed[i] = now
-        return out
-
-    def gone(self, thread: int, refused: bool) -> None:
-        self.ids.discard(thread)
-        self.killed.pop(thread, None)
-        if refused:
-            self.refused.add(thread)
-
-
-class Bell:
-    """One engine's ringer state: per queue ``meta`` table, its watches."""
-
-    def __init__(self) -> None:
-        self.queues: dict[str, Sleepers] = {}
-        self.warned = False
-
-    def sleepers(self, meta: str) -> Sleepers:
-        s = self.queues.get(meta)
-        if s is None:
-            s = self.queues[meta] = Sleepers()
-        return s
-
-    def kill(self, dbapi_conn: Any, due: list[tuple[str, int]]) -> None:
-        """End the sleep of each ``(meta, thread id)``: KILL QUERY, after the commit."""
-        cur = dbapi_conn.cursor()
-        try:
-            for meta, thread in due:
-                try:
-                    cur.execute(f"KILL QUERY {int(thread)}")
-                except Exception as exc:
-                    code = (getattr(exc, "args", None) or (None,))[0]
-                    if code not in (_UNKNOWN, _REFUSED):
-                        raise
-                    self.sleepers(meta).gone(thread, refused=code == _REFUSED)
-                    if code == _REFUSED and not self.warned:
-                        self.warned = True
-                        log.warning(
-                            "KILL QUERY of a bell watch of %s refused (it runs as another "
-                            "database user; waking it needs CONNECTION ADMIN or SUPER): that "
-                            "worker notices this process's jobs by polling", meta)
-        finally:
-            cur.close()
-
-
 def _hook(engine: Engine) -> None:
-    """The hooks, once per engine (a user's engine too, where a batch runs inside the user's
-    transaction: it rings when the user commits, and KILLs when the connection is returned)."""
-    if getattr(engine, "_ajq_bell", None) is not None:
+    """The commit / rollback hooks, once per engine (a user's engine too, where a batch
+    runs inside the user's transaction: it rings when the user commits)."""
+    if getattr(engine, "_ajq_bell", False):
         return
-    bell = Bell()
-
-    @event.listens_for(engine, "connect")
-    def _connect(_dbapi_conn: Any, record: Any) -> None:
-        record.info[_BORN] = time.monotonic()
 
     @event.listens_for(engine, "commit")
     def _commit(conn: Connection) -> None:
@@ -168,35 +71,68 @@ def _hook(engine: Engine) -> None:
         if not rings:
             return
         shard = random.randrange(SHARDS)
-        born = conn.info.get(_BORN, float("-inf"))
-        due: list[tuple[str, int]] = []
-        # the DBAPI cursor: no SQLAlchemy execution (and its events) inside the commit; with
-        # an async driver its execute awaits in this greenlet
+        # the DBAPI cursor: one statement, no SQLAlchemy execution (and its events) inside
+        # the commit; with an async driver its execute awaits in this greenlet
         cur = conn.connection.cursor()
         try:
             for meta in sorted(rings):  # one order: two queues' bells never deadlock
                 cur.execute(f"UPDATE `{meta}` SET value = CAST(value AS UNSIGNED) + 1 "
                             f"WHERE name = 'wake:{shard}'")
-                due += [(meta, i) for i in bell.sleepers(meta).due(cur, meta, born)]
         finally:
             cur.close()
-        if due:
-            conn.info[_KILL] = due
 
     @event.listens_for(engine, "rollback")
     def _rollback(conn: Connection) -> None:
         if not conn.invalidated:  # (an invalidated connection's info went with it)
             conn.info.pop(_RING, None)
-            conn.info.pop(_KILL, None)
 
-    @event.listens_for(engine, "checkin")
-    def _checkin(dbapi_conn: Any, record: Any) -> None:
-        due = record.info.pop(_KILL, None) if record is not None else None
-        if not due or dbapi_conn is None:
-            return
+    engine._ajq_bell = True  # type: ignore[attr-defined]
+
+
+class BellWatch(Listener):
+    """Polls the bell on a connection of its own (outside the pool, autocommit: each look
+    sees the latest commits) and calls ``on_wake`` when it changed."""
+
+    def __init__(self, engine: AsyncEngine, meta: str) -> None:
+        self._url = engine.url
+        self._meta = meta
+        #: looks at the bell so far (bench/wake.py reports the rate an idle worker sends)
+        self.looks = 0
+
+    async def run(self, on_wake: WakeCallback) -> None:
+        engine = create_async_engine(self._url, poolclass=NullPool,
+                                     isolation_level="AUTOCOMMIT")
+        names = ", ".join(f"'{n}'" for n in bell_names())
+        look = (f"SELECT SUM(CAST(value AS UNSIGNED)) FROM `{self._meta}` "
+                f"WHERE name IN ({names})")
         try:
-            bell.kill(dbapi_conn, due)
-        except Exception as exc:  # never fail a release: the watches' sleep runs out instead
-            log.debug("bell: KILL QUERY failed (%s)", exc)
+            async with engine.connect() as conn:
+                rows = ", ".join(f"('{n}', '0')" for n in bell_names())
+                await conn.exec_driver_sql(
+                    f"INSERT IGNORE INTO `{self._meta}` (name, value) VALUES {rows}")
+                on_wake("")  # (re)connected: something may have rung while we were away
+                await self._watch(conn, look, on_wake)
+        finally:
+            await engine.dispose()
 
-    engine._ajq_bell = bell  # type: ignore[attr-defined]
+    async def _watch(self, conn: AsyncConnection, look: str, on_wake: WakeCallback) -> None:
+        loop = asyncio.get_running_loop()
+        last: Any = None
+        rang_at = loop.time()
+        every = FAST
+        while True:
+            try:  # a silently dead link would leave the look waiting for ever
+                async with asyncio.timeout(LOOK_TIMEOUT):
+                    mark = (await conn.exec_driver_sql(look)).scalar()
+            except TimeoutError:
+                await conn.invalidate()  # (closing it would wait on the dead link too)
+                raise ConnectionError(f"the bell watch got no answer in {LOOK_TIMEOUT}s") from None
+            self.looks += 1
+            now = loop.time()
+            if mark != last:
+                if last is not None:
+                    on_wake("")
+                last, rang_at, every = mark, now, FAST
+            elif now - rang_at > WARM:
+                every = min(every * GROW, SLOW)
+            await asyncio.sleep(every)

@@ -29,9 +29,6 @@ from .outcomes import Outcomes
 from .report import jlog
 from .state import Running, WorkerState
 
-#: seconds before each further look when a wake-up's claim found nothing (see _tick_loop)
-RELOOK = (0.02, 0.2)
-
 
 class Worker:
     """The serving side of one queue (one per process)."""
@@ -94,7 +91,6 @@ class Worker:
         s, state, out, rnd = self.core.settings, self.state, self.outcomes, self.round
         types = sorted(self.core.handlers)
         delay = 0.0
-        relooks = 0  # looks again since the last wake-up found nothing
         out.pumping = True
         try:
             while not state.stopping:
@@ -103,8 +99,6 @@ class Worker:
                     # Woken from idle by a notification (an enqueue elsewhere): go straight
                     # for the job (see Claimer.claim(quick=True)).
                     quick = await self._sleep_or_wake(delay) and self._poked and not out.outbox
-                    if quick:
-                        relooks = 0
                 else:
                     await asyncio.sleep(0)  # let just-started handlers run: their slots count
                 if state.stopping:
@@ -135,14 +129,6 @@ class Worker:
                 # for other groups to the next one).
                 delay = (0.0 if (got and len(got) == want) or out.outbox
                          or self.core.claimer.census_due else s.poll_interval)
-                if (not got and want and (quick or relooks)
-                        and relooks < len(RELOOK)):
-                    # Woken for a job and found none: look again shortly. Every idle worker
-                    # wakes on the same commit, and a claim's SKIP LOCKED skips a row that
-                    # another one's scan holds for a moment (InnoDB locks the rows it reads
-                    # before checking the job type), so the job may still be there.
-                    delay = min(delay, RELOOK[relooks])
-                    relooks += 1
         finally:
             out.pumping = False
 
