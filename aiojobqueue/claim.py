@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
+    bindparam,
     func,
     select,
     update,
@@ -59,6 +60,9 @@ class Claimed(NamedTuple):
 PROMOTE_EVERY = 0.1
 #: How long a census that found a single group with runnable jobs is trusted.
 GROUPS_EVERY = 0.1
+#: A claim passed over (Claimer.passed_over) looks whether up to this many of the groups
+#: it picked from have a ready job it could run
+RELOOK_GROUPS = 32
 
 
 @dataclass
@@ -110,6 +114,9 @@ class Claimer:
         self.idle_fits = True
         #: the last claim found the global concurrency cap full
         self.cap_full = False
+        #: the last claim leased nothing though a job it could run was ready: another
+        #: claim's pick held its row (skip_locked_passes_unmatched); look again soon
+        self.passed_over = False
 
     async def ensure_groups(self, conn: AsyncConnection, groups: list[str]) -> None:
         """Give every group in ``groups`` its row (inside the caller's insert)."""
@@ -246,6 +253,7 @@ class Claimer:
         took out of ``running``; under a cap their slots may be handed over (_handover)."""
         s, db = self.settings, self.db
         now = time.monotonic()
+        self.passed_over = False
         if self._promotion_due(now, quick):
             await self.promote_due(conn)
             self.promoted_at = now
@@ -269,6 +277,7 @@ class Claimer:
             return []
         path = self.path
         taken: list[Any] = []
+        tried: set[str] = set()  # the groups picked from
         # With one group only (seen recently, no group caps) fair share has nothing to
         # split: skip the per-group census for a moment (at the latest, the claim that
         # follows at once holds it when the known group runs dry).
@@ -318,6 +327,7 @@ class Claimer:
                 asks = {g: n for g, n in sorted(plan.items()) if n > 0}
                 if not asks:  # every group capped out
                     break
+                tried.update(asks)
                 if len(asks) == 1:
                     (g1, n1), = asks.items()
                     gots = {g1: await path.pick(conn, g1, n1, types, taken)}
@@ -356,10 +366,23 @@ class Claimer:
             cached = False  # the one known group ran dry: look for others now
         out = await path.leased(conn, taken)
         if not out:
+            if tried and db.ops.skip_locked_passes_unmatched:
+                self.passed_over = await self._ready_among(conn, sorted(tried), types)
             return []
         for limit in s.db_limits:
             await limit.consume(conn, db.t, len(out))
         return claimed_rows(out)
+
+    async def _ready_among(self, conn: AsyncConnection, groups: list[str], types: list[str]
+                           ) -> bool:
+        """Whether one of ``groups`` has a committed ready job of ``types`` (read without
+        a lock: a row another claim's pick holds is seen)."""
+        J = self.db.t.jobs
+        stmt = self.db.stmt("claim.ready_among", lambda: select(J.c.id).where(
+            J.c.state == lit(S.READY), J.c.group_key.in_(bindparam("gs", expanding=True)),
+            J.c.type.in_(bindparam("ts", expanding=True))).limit(1))
+        found = await conn.execute(stmt, {"gs": groups[:RELOOK_GROUPS], "ts": types})
+        return found.first() is not None
 
     async def still_one_group(self, conn: AsyncConnection, types: list[str]) -> bool:
         """The census, without the gate (it counts no cap): whether the one group known to

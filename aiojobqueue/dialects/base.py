@@ -126,6 +126,12 @@ class DialectOps(InsertHooks, ABC):
         """Schema v4: make ``live_key`` unique through the index ``ux`` instead of a UNIQUE
         constraint on the column (see migrate._v3_to_v4). Default: keep the constraint."""
 
+    #: whether a locking pick's SKIP LOCKED also passes over rows another claim's pick only
+    #: read on its way (InnoDB keeps the record lock of a row the WHERE then rejected: a
+    #: worker serving type "b" is skipped past a "b" job that a claim for "a" scanned);
+    #: then a claim that leased nothing looks whether it was passed over (Claimer.passed_over)
+    skip_locked_passes_unmatched: ClassVar[bool] = False
+
     #: whether the dialect builds partial indexes (see partial_indexes)
     has_partial_indexes: ClassVar[bool] = True
 

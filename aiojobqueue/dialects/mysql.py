@@ -143,6 +143,8 @@ class MySQLOps(DialectOps):
         return stmt.group_by(key_col).order_by(key_col).limit(
             bindparam("lim", type_=Integer()))
 
+    skip_locked_passes_unmatched = True
+
     def skip_locked(self, stmt: Select[Any]) -> Select[Any]:
         return stmt.with_for_update(skip_locked=True)  # exclusive: never read=True (SA #10134)
 

@@ -110,29 +110,36 @@ class BellWatch(Listener):
                 rows = ", ".join(f"('{n}', '0')" for n in bell_names())
                 await conn.exec_driver_sql(
                     f"INSERT IGNORE INTO `{self._meta}` (name, value) VALUES {rows}")
-                on_wake("")  # (re)connected: something may have rung while we were away
-                await self._watch(conn, look, on_wake)
+                # (Re)connected: something may have rung while we were away. The first
+                # look comes before that wake, so a ring the woken claim misses moves the
+                # mark the next look compares with.
+                last = await self._look(conn, look)
+                on_wake("")
+                await self._watch(conn, look, last, on_wake)
         finally:
             await engine.dispose()
 
-    async def _watch(self, conn: AsyncConnection, look: str, on_wake: WakeCallback) -> None:
+    async def _look(self, conn: AsyncConnection, look: str) -> Any:
+        try:  # a silently dead link would leave the look waiting for ever
+            async with asyncio.timeout(LOOK_TIMEOUT):
+                mark = (await conn.exec_driver_sql(look)).scalar()
+        except TimeoutError:
+            await conn.invalidate()  # (closing it would wait on the dead link too)
+            raise ConnectionError(f"the bell watch got no answer in {LOOK_TIMEOUT}s") from None
+        self.looks += 1
+        return mark
+
+    async def _watch(self, conn: AsyncConnection, look: str, last: Any,
+                     on_wake: WakeCallback) -> None:
         loop = asyncio.get_running_loop()
-        last: Any = None
         rang_at = loop.time()
         every = FAST
         while True:
-            try:  # a silently dead link would leave the look waiting for ever
-                async with asyncio.timeout(LOOK_TIMEOUT):
-                    mark = (await conn.exec_driver_sql(look)).scalar()
-            except TimeoutError:
-                await conn.invalidate()  # (closing it would wait on the dead link too)
-                raise ConnectionError(f"the bell watch got no answer in {LOOK_TIMEOUT}s") from None
-            self.looks += 1
+            await asyncio.sleep(every)
+            mark = await self._look(conn, look)
             now = loop.time()
             if mark != last:
-                if last is not None:
-                    on_wake("")
+                on_wake("")
                 last, rang_at, every = mark, now, FAST
             elif now - rang_at > WARM:
                 every = min(every * GROW, SLOW)
-            await asyncio.sleep(every)

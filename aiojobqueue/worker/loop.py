@@ -29,6 +29,10 @@ from .outcomes import Outcomes
 from .report import jlog
 from .state import Running, WorkerState
 
+#: seconds until the next look after a claim was passed over (the 1st, 2nd, 3rd time in a
+#: row: the other claim ends in milliseconds unless the database is loaded); then the poll
+RELOOK = (0.02, 0.2, 2.0)
+
 
 class Worker:
     """The serving side of one queue (one per process)."""
@@ -91,6 +95,7 @@ class Worker:
         s, state, out, rnd = self.core.settings, self.state, self.outcomes, self.round
         types = sorted(self.core.handlers)
         delay = 0.0
+        relooks = 0  # claims in a row that were passed over (Claimer.passed_over)
         out.pumping = True
         try:
             while not state.stopping:
@@ -129,6 +134,13 @@ class Worker:
                 # for other groups to the next one).
                 delay = (0.0 if (got and len(got) == want) or out.outbox
                          or self.core.claimer.census_due else s.poll_interval)
+                if want and not got and self.core.claimer.passed_over:
+                    # a ready row was held by another claim's pick: free again in a moment
+                    if relooks < len(RELOOK):
+                        delay = RELOOK[relooks]
+                    relooks += 1
+                else:
+                    relooks = 0
         finally:
             out.pumping = False
 

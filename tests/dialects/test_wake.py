@@ -207,6 +207,47 @@ async def test_bell_rings_at_commit_only(make_queue: Callable[..., JobQueue]) ->
 
 
 @pytest.mark.parametrize("db", ["mariadb"], indirect=True)
+async def test_a_claim_passed_over_by_another_pick_looks_again(
+    make_queue: Callable[..., JobQueue]
+) -> None:
+    """InnoDB's SKIP LOCKED also skips a row that another claim's locking pick only read on
+    its way (a claim for type "a" holds the lock of the "b" job it rejected). The worker
+    serving "b" that was passed over so looks again a moment later, not at its 30 s poll;
+    nothing rings when the other claim ends, having leased nothing."""
+    from conftest import eventually
+
+    q = make_queue(poll_interval=POLL)
+    started: list[float] = []
+
+    @q.handler("b")
+    async def b(ctx: Any) -> None:
+        started.append(time.monotonic())
+
+    async with q:
+        await q.enqueue("b", {})
+        J = q._t.jobs
+        held = await q.engine.connect()
+        try:
+            await held.begin()
+            other = await held.execute(
+                select(J.c.id).where(J.c.state == "ready", J.c.type.in_(["a"]))
+                .order_by(J.c.priority.desc(), J.c.id).limit(10)
+                .with_for_update(skip_locked=True))
+            assert other.all() == []  # (and the "b" row it read stays locked)
+            worker = asyncio.create_task(q.serve())
+            try:
+                claimer = q._started().claimer
+                await eventually(lambda: claimer.passed_over, timeout=PROMPT, every=0.002)
+                assert not started  # the row was held: the claim found nothing to lease
+                await held.rollback()
+                await eventually(lambda: bool(started), timeout=PROMPT)
+            finally:
+                await _stop(worker)
+        finally:
+            await held.close()
+
+
+@pytest.mark.parametrize("db", ["mariadb"], indirect=True)
 async def test_bell_watch_comes_back_after_an_outage(
     make_queue: Callable[..., JobQueue], db_url: str, prefix: str
 ) -> None:
