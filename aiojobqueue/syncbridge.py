@@ -40,8 +40,14 @@ class SyncConnection:
 
     @property
     def engine(self) -> Any:
-        """The sync engine (where a dialect hooks its commit, e.g. the MySQL bell)."""
+        """The sync engine."""
         return self._conn.engine
+
+    @property
+    def sync_connection(self) -> Connection:
+        """The sync ``Connection`` itself, as an ``AsyncConnection`` names its own (where a
+        dialect hooks the transaction's commit, e.g. the MySQL bell)."""
+        return self._conn
 
     @property
     def info(self) -> dict[Any, Any]:

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import random
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import event
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
@@ -54,39 +54,40 @@ def bell_names() -> list[str]:
 def ring(conn: AsyncConnection | Connection, meta: str) -> None:
     """Ring the bell of the queue whose ``meta`` table is named ``meta`` when ``conn``'s
     transaction commits (nothing if it rolls back)."""
-    _hook(conn.sync_engine if isinstance(conn, AsyncConnection) else conn.engine)
-    rings: set[str] = conn.info.setdefault(_RING, set())
+    # (an AsyncConnection, or what stands for one, names its sync Connection)
+    sync: Connection = getattr(conn, "sync_connection", None) or cast(Connection, conn)
+    # The hooks go on this connection, not its engine: a ConnectionEvents listener on an
+    # engine puts every statement of every connection on SQLAlchemy's event path (about
+    # 10 more calls a job in a drain that rings nothing). A user's connection gets them
+    # too, where a batch runs inside the user's transaction: it rings when the user commits.
+    if not event.contains(sync, "commit", _commit):
+        event.listen(sync, "commit", _commit)
+        event.listen(sync, "rollback", _rollback)
+    rings: set[str] = sync.info.setdefault(_RING, set())
     rings.add(meta)
 
 
-def _hook(engine: Engine) -> None:
-    """The commit / rollback hooks, once per engine (a user's engine too, where a batch
-    runs inside the user's transaction: it rings when the user commits)."""
-    if getattr(engine, "_ajq_bell", False):
+def _commit(conn: Connection) -> None:
+    """Just before COMMIT: add one to a random shard of each rung bell."""
+    rings = conn.info.pop(_RING, None)
+    if not rings:
         return
+    shard = random.randrange(SHARDS)
+    # the DBAPI cursor: one statement, no SQLAlchemy execution (and its events) inside the
+    # commit; with an async driver its execute awaits in this greenlet
+    cur = conn.connection.cursor()
+    try:
+        for meta in sorted(rings):  # one order: two queues' bells never deadlock
+            cur.execute(f"UPDATE `{meta}` SET value = CAST(value AS UNSIGNED) + 1 "
+                        f"WHERE name = 'wake:{shard}'")
+    finally:
+        cur.close()
 
-    @event.listens_for(engine, "commit")
-    def _commit(conn: Connection) -> None:
-        rings = conn.info.pop(_RING, None)
-        if not rings:
-            return
-        shard = random.randrange(SHARDS)
-        # the DBAPI cursor: one statement, no SQLAlchemy execution (and its events) inside
-        # the commit; with an async driver its execute awaits in this greenlet
-        cur = conn.connection.cursor()
-        try:
-            for meta in sorted(rings):  # one order: two queues' bells never deadlock
-                cur.execute(f"UPDATE `{meta}` SET value = CAST(value AS UNSIGNED) + 1 "
-                            f"WHERE name = 'wake:{shard}'")
-        finally:
-            cur.close()
 
-    @event.listens_for(engine, "rollback")
-    def _rollback(conn: Connection) -> None:
-        if not conn.invalidated:  # (an invalidated connection's info went with it)
-            conn.info.pop(_RING, None)
-
-    engine._ajq_bell = True  # type: ignore[attr-defined]
+def _rollback(conn: Connection) -> None:
+    """A rolled-back transaction rings nothing."""
+    if not conn.invalidated:  # (an invalidated connection's info went with it)
+        conn.info.pop(_RING, None)
 
 
 class BellWatch(Listener):

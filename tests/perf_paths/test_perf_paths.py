@@ -118,3 +118,21 @@ async def test_drain_rounds_leave_nothing_behind(
         for r in refs[:50]:
             d = await q.get(r.id)
             assert d.finished_at is not None and d.finished_at <= j.started_at
+
+
+async def test_statements_stay_off_the_event_path_after_a_wake(
+        make_queue: Callable[..., JobQueue]) -> None:
+    """What rings a wake-up (an enqueue, a release) leaves the queue's engine without
+    statement-level listeners: one on the engine puts every later statement of every
+    connection on SQLAlchemy's event path (the MySQL bell hooks the ringing connection)."""
+    q = make_queue()
+    async with q:
+        engine = q.engine.sync_engine
+        before = {name: len(getattr(engine.dispatch, name))
+                  for name in ("commit", "rollback", "before_execute", "after_execute")}
+        await q.enqueue("t", {})
+        async with q.batch() as b:
+            head = b.add("t", {})
+            b.add("t", {}, depends_on=[head])
+        after = {name: len(getattr(engine.dispatch, name)) for name in before}
+        assert after == before
