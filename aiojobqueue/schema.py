@@ -126,10 +126,9 @@ OVERVIEW_EXTRA = {WAITING: " AND pending > 0"}
 def _builds_partial(ddl: Any, target: Any, bind: Any, tables: Any = None, state: Any = None,
                     *, dialect: Any, compiler: Any = None, checkfirst: bool = False) -> bool:
     """Whether the dialect at hand builds partial indexes (ddl_if's test)."""
-    from .dialects.urls import ops_class_for
+    from .dialects.urls import builds_partial_indexes
 
-    cls = ops_class_for(dialect.name)
-    return cls is not None and cls.has_partial_indexes
+    return builds_partial_indexes(dialect)
 
 
 def overview_indexes(p: str, jobs: Table | None = None) -> list[Index]:
