@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
-    bindparam,
     func,
     select,
     update,
@@ -28,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from . import schema as S
 from .census import Census
 from .database import Database
-from .lease import LeasePath, ReturningLease
+from .lease import LeasePath, ReturningLease, ready_among
 from .policy import GroupDemand, fair_share, rotation_key
 from .settings import Settings
 from .sql import lit
@@ -60,9 +59,6 @@ class Claimed(NamedTuple):
 PROMOTE_EVERY = 0.1
 #: How long a census that found a single group with runnable jobs is trusted.
 GROUPS_EVERY = 0.1
-#: A claim passed over (Claimer.passed_over) looks whether up to this many of the groups
-#: it picked from have a ready job it could run
-RELOOK_GROUPS = 32
 
 
 @dataclass
@@ -367,22 +363,11 @@ class Claimer:
         out = await path.leased(conn, taken)
         if not out:
             if tried and db.ops.skip_locked_passes_unmatched:
-                self.passed_over = await self._ready_among(conn, sorted(tried), types)
+                self.passed_over = await ready_among(db, conn, sorted(tried), types)
             return []
         for limit in s.db_limits:
             await limit.consume(conn, db.t, len(out))
         return claimed_rows(out)
-
-    async def _ready_among(self, conn: AsyncConnection, groups: list[str], types: list[str]
-                           ) -> bool:
-        """Whether one of ``groups`` has a committed ready job of ``types`` (read without
-        a lock: a row another claim's pick holds is seen)."""
-        J = self.db.t.jobs
-        stmt = self.db.stmt("claim.ready_among", lambda: select(J.c.id).where(
-            J.c.state == lit(S.READY), J.c.group_key.in_(bindparam("gs", expanding=True)),
-            J.c.type.in_(bindparam("ts", expanding=True))).limit(1))
-        found = await conn.execute(stmt, {"gs": groups[:RELOOK_GROUPS], "ts": types})
-        return found.first() is not None
 
     async def still_one_group(self, conn: AsyncConnection, types: list[str]) -> bool:
         """The census, without the gate (it counts no cap): whether the one group known to

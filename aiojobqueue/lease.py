@@ -93,6 +93,24 @@ def idle_pick_stmt(db: Database, types: list[str], from_start: bool,
         *claim_columns(db.t))
 
 
+#: A claim passed over (Claimer.passed_over) looks whether up to this many of the groups
+#: it picked from have a ready job it could run
+RELOOK_GROUPS = 32
+
+
+async def ready_among(db: Database, conn: AsyncConnection, groups: list[str],
+                      types: list[str]) -> bool:
+    """Whether one of ``groups`` has a committed ready job of ``types``, read without a
+    lock, so a row another claim's pick holds is seen (InnoDB's SKIP LOCKED passes over
+    rows another pick only read: see DialectOps.skip_locked_passes_unmatched)."""
+    J = db.t.jobs
+    stmt = db.stmt("claim.ready_among", lambda: select(J.c.id).where(
+        J.c.state == lit(S.READY), J.c.group_key.in_(bindparam("gs", expanding=True)),
+        J.c.type.in_(bindparam("ts", expanding=True))).limit(1))
+    found = await conn.execute(stmt, {"gs": groups[:RELOOK_GROUPS], "ts": types})
+    return found.first() is not None
+
+
 class ReturningLease:
     """A group's pick and its lease in one statement, the rows back in the same round trip
     (UPDATE ... RETURNING)."""
