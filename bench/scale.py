@@ -12,13 +12,14 @@ times its claim calls (``Claimer.claim``: the claim's statements in its transact
 ``--gate`` adds a global ``concurrency=C`` cap, so every claim also takes the gate row.
 
 Databases: PostgreSQL at 127.0.0.1:5432 (``postgres``, db ``test``) directly, through a
-PgBouncer this script starts (transaction pooling, ``default_pool_size`` ``--pool``: 4 unless
-given, tests/pgbouncer.py; workers get ``listen_url`` to the server), and MariaDB at 127.0.0.1:3306 (root, db
-``test``). While a run drains, the server is sampled every 20 ms or so: on PostgreSQL the wait
-events of the backends running this run's statements (pg_stat_activity, matched by table
-prefix) and their ungranted locks (pg_locks); on MariaDB the InnoDB transactions of this run
-in LOCK WAIT (information_schema.INNODB_TRX) and the growth of Innodb_row_lock_waits
-(SHOW GLOBAL STATUS; the server is shared, so that one counts other clients too).
+PgBouncer this script starts (transaction pooling, ``default_pool_size`` ``--pool``: 4
+unless given, tests/pgbouncer.py; workers get ``listen_url`` to the server), and MariaDB at
+127.0.0.1:3306 (root, db ``test``). While a run drains, the server is sampled every 20 ms or
+so: on PostgreSQL the wait events of the backends running this run's statements
+(pg_stat_activity, matched by table prefix) and their ungranted locks (pg_locks); on MariaDB
+the InnoDB transactions of this run in LOCK WAIT (information_schema.INNODB_TRX) and the
+growth of Innodb_row_lock_waits (SHOW GLOBAL STATUS; the server is shared, so that one
+counts other clients too).
 
 One table: rate, rate against P=1 on the same database, through PgBouncer against direct at
 the same P, claim p50/p99, the workers' CPU per job, the server's commits per job, and the
