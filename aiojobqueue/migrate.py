@@ -101,6 +101,8 @@ async def _upgrade_once(db: Database) -> int:
         await _v5_to_v6(db)
     if 0 < found < 7:
         await _v6_to_v7(db)
+    if 0 < found < 8:
+        await _v7_to_v8(db)
     async with db.engine.begin() as conn:
         await conn.run_sync(db.t.metadata.create_all, checkfirst=True)
     async with db.engine.begin() as conn:
@@ -250,6 +252,30 @@ async def _v6_to_v7(db: Database) -> None:
                     ix.create(sync_conn, checkfirst=True)
 
             await conn.run_sync(create)
+
+
+async def _v7_to_v8(db: Database) -> None:
+    """v8: ``starts`` on the rate ledger (``INTEGER NOT NULL DEFAULT 1``): a claim records
+    its starts in one row instead of one row each. The rows already there count one each,
+    as they did. A constant default rewrites no row on any of the three databases (the
+    value is kept in the catalog); added only if missing, under the gate's lock (one
+    process migrates; the others wait, then find it)."""
+    R = db.t.rate
+    async with db.engine.begin() as conn:
+        await db.ops.lock_gate(conn)
+
+        def columns(sync_conn: Any) -> set[str] | None:
+            from sqlalchemy import inspect
+
+            seen = inspect(sync_conn)
+            if not seen.has_table(R.name):
+                return None  # create_all makes it, with the column
+            return {c["name"] for c in seen.get_columns(R.name)}
+
+        have = await conn.run_sync(columns)
+        if have is not None and "starts" not in have:
+            await conn.execute(text(
+                f"ALTER TABLE {R.name} ADD COLUMN starts INTEGER NOT NULL DEFAULT 1"))
 
 
 @dataclass(frozen=True)
