@@ -59,6 +59,9 @@ class RateLimit(Limit):
         self._swept = float("-inf")  # monotonic time of this process's last ledger sweep
         self._insert: dict[str, Any] = {}  # the ledger's INSERT, by table name
         self._sum: dict[str, Any] = {}  # the window's SUM, by table name
+        #: the starts the last claim of this process found still allowed (before its own):
+        #: how far the fleet is from the limit, for the worker's lease-ahead (rounds.py)
+        self.headroom = 0
 
     def __repr__(self) -> str:
         return f"RateLimit({self.n}, per={self.per}, name={self.name!r})"
@@ -69,7 +72,9 @@ class RateLimit(Limit):
 
     async def budget(self, conn: AsyncConnection, tables: Tables) -> int:
         """Starts still allowed now, counted in the claim's transaction (under the gate)."""
-        return max(self.n - await self.used(conn, tables), 0)
+        left = max(self.n - await self.used(conn, tables), 0)
+        self.headroom = left
+        return left
 
     async def used(self, conn: AsyncConnection, tables: Tables) -> int:
         """The starts recorded in the last ``per`` seconds (database clock), fleet-wide."""
@@ -96,6 +101,7 @@ class RateLimit(Limit):
                 name=bindparam("n", type_=R.c.name.type), at=utcnow_plus(0.0),
                 starts=bindparam("k", type_=R.c.starts.type))
         await conn.execute(stmt, {"n": self.name, "k": count})
+        self.headroom = max(self.headroom - count, 0)
         now = time.monotonic()
         if now - self._swept >= self.per:
             await conn.execute(
