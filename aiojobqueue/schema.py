@@ -264,7 +264,9 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         # v8: the starts one claim recorded (one row per claim, not per start); a server
         # default, so a row written without it (v7) counts one, as it did then
         Column("starts", Integer, nullable=False, server_default="1"),
-        Index(f"{p}ix_rate", "name", "at"),
+        # v8: with `starts`, the budget's SUM over a window is a range of this index alone
+        # (v7: name, at; InnoDB then read each row's clustered record for it)
+        Index(f"{p}ix_rate", "name", "at", "starts"),
     )
     # v5: the dependents of a finished job whose release was split off its finalize (the
     # PostgreSQL routine releases the first of a large fan-out in the finalizing call and the

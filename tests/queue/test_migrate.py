@@ -377,17 +377,22 @@ async def test_v6_schema_gains_the_trace_column_and_the_overview_indexes(
 async def test_v7_rate_ledger_gains_starts_and_its_rows_count_one_each(
     make_queue: Callable[..., JobQueue],
 ) -> None:
-    """v8 adds ``starts`` to the rate ledger (one row per claim): the rows a v7 worker wrote
-    (one per start, no such column) count one each after the upgrade, so the window they
-    are in stays as full as it was; new claims then add one row for all they leased."""
+    """v8 adds ``starts`` to the rate ledger (one row per claim) and to ``ix_rate``: the
+    rows a v7 worker wrote (one per start, no such column) count one each after the
+    upgrade, so the window they are in stays as full as it was; new claims then add one
+    row for all they leased."""
     from aiojobqueue import RateLimit
     from aiojobqueue.timeutil import db_now
 
     q = make_queue()
     async with q:
         R, M = q._t.rate, q._t.meta
+        ix = f"{q.prefix}ix_rate"
         async with q.engine.begin() as conn:  # back to what v7 looked like, 3 starts in it
+            on = f" ON {R.name}" if conn.dialect.name in ("mysql", "mariadb") else ""
+            await conn.execute(text(f"DROP INDEX {ix}{on}"))
             await conn.execute(text(f"ALTER TABLE {R.name} DROP COLUMN starts"))
+            await conn.execute(text(f"CREATE INDEX {ix} ON {R.name} (name, at)"))
             for _ in range(3):
                 await conn.execute(insert(R).values(name="r", at=db_now()))
             await conn.execute(update(M).where(M.c.name == "schema_version").values(value="7"))
@@ -406,6 +411,9 @@ async def test_v7_rate_ledger_gains_starts_and_its_rows_count_one_each(
                  ).scalar_one()
             assert v == str(SCHEMA_VERSION) == "8"
             assert sorted(r[0] for r in await conn.execute(select(R.c.starts))) == [1, 1, 1]
+            found = await conn.run_sync(lambda c: {
+                i["name"]: i["column_names"] for i in inspect(c).get_indexes(R.name)})
+            assert found[ix] == ["name", "at", "starts"]  # the budget's SUM reads it alone
             assert await lim.budget(conn, q2._t) == 3
         async with q2.batch() as b:
             refs = [b.add("t", {}) for _ in range(3)]
