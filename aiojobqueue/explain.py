@@ -345,15 +345,16 @@ def _names(groups: list[str], show: int = 5) -> str:
 async def _next_rate_slot(
     db: Database, conn: AsyncConnection, lim: RateLimit
 ) -> datetime | None:
-    """When the next start is allowed: as the oldest starts in the window age out of it."""
+    """When the next start is allowed: when the newest row of the window whose running sum
+    of starts (newest first) reaches ``n`` ages out, what stays sums to ``n - 1`` at most.
+    (A row is one claim, holding ``starts`` starts; see RateLimit.consume.)"""
     R = db.t.rate
-    window = (R.c.name == lim.name, R.c.at > utcnow_plus(-lim.per))
-    used = await _count(conn, select(func.count()).select_from(R).where(*window))
-    k = used - lim.n  # this many starts must leave the window first (0-based: the k-th)
-    if k < 0:
-        return None
-    at = (await conn.execute(select(R.c.at).where(*window).order_by(R.c.at)
-                             .offset(k).limit(1))).scalar()
+    run = func.sum(R.c.starts).over(order_by=(R.c.at.desc(), R.c.id.desc()),
+                                    rows=(None, 0)).label("run")
+    inner = (select(R.c.at, R.c.id, run)
+             .where(R.c.name == lim.name, R.c.at > utcnow_plus(-lim.per)).subquery())
+    at = (await conn.execute(select(inner.c.at).where(inner.c.run >= lim.n)
+                             .order_by(inner.c.at.desc(), inner.c.id.desc()).limit(1))).scalar()
     if at is None:
         return None
     return at + timedelta(seconds=lim.per)  # type: ignore[no-any-return]

@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import bindparam, delete, func, insert, select
+from sqlalchemy import Float, bindparam, delete, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .errors import ConfigurationError
@@ -58,6 +58,10 @@ class RateLimit(Limit):
         self.n, self.per, self.name = n, float(per), name
         self._swept = float("-inf")  # monotonic time of this process's last ledger sweep
         self._insert: dict[str, Any] = {}  # the ledger's INSERT, by table name
+        self._sum: dict[str, Any] = {}  # the window's SUM, by table name
+        #: the starts the last claim of this process found still allowed (before its own):
+        #: how far the fleet is from the limit, for the worker's lease-ahead (rounds.py)
+        self.headroom = 0
 
     def __repr__(self) -> str:
         return f"RateLimit({self.n}, per={self.per}, name={self.name!r})"
@@ -68,25 +72,36 @@ class RateLimit(Limit):
 
     async def budget(self, conn: AsyncConnection, tables: Tables) -> int:
         """Starts still allowed now, counted in the claim's transaction (under the gate)."""
+        left = max(self.n - await self.used(conn, tables), 0)
+        self.headroom = left
+        return left
+
+    async def used(self, conn: AsyncConnection, tables: Tables) -> int:
+        """The starts recorded in the last ``per`` seconds (database clock), fleet-wide."""
         R = tables.rate
-        used = (await conn.execute(
-            select(func.count()).select_from(R)
-            .where(R.c.name == self.name, R.c.at > utcnow_plus(-self.per))
-        )).scalar_one()
-        return max(self.n - int(used), 0)
+        stmt = self._sum.get(R.name)
+        if stmt is None:  # built once: one range of ix_rate, summed
+            stmt = self._sum[R.name] = select(func.coalesce(func.sum(R.c.starts), 0)).where(
+                R.c.name == bindparam("n", type_=R.c.name.type),
+                R.c.at > utcnow_plus(bindparam("w", type_=Float())))
+        return int((await conn.execute(stmt, {"n": self.name, "w": -self.per})).scalar_one())
 
     async def consume(self, conn: AsyncConnection, tables: Tables, count: int) -> None:
-        """Record ``count`` starts in the claim's transaction (one INSERT, stamped by the
-        database clock); at most once per ``per`` seconds, forget those out of reach
-        (older than ``2 * per``: the ledger holds at most ``3 * per`` seconds of rows)."""
+        """Record ``count`` starts in the claim's transaction: one row, stamped by the
+        database clock, that counts ``count`` until it is ``per`` seconds old (the claim
+        leased them all at once, so the window is as exact as one row per start). At most
+        once per ``per`` seconds, forget the rows out of reach (older than ``2 * per``: the
+        ledger holds at most ``3 * per`` seconds of rows)."""
         if count <= 0:
             return
         R = tables.rate
         stmt = self._insert.get(R.name)
-        if stmt is None:  # built once: the time is the database's, taken per row
+        if stmt is None:  # built once: the time is the database's
             stmt = self._insert[R.name] = insert(R).values(
-                name=bindparam("n", type_=R.c.name.type), at=utcnow_plus(0.0))
-        await conn.execute(stmt, [{"n": self.name}] * count)
+                name=bindparam("n", type_=R.c.name.type), at=utcnow_plus(0.0),
+                starts=bindparam("k", type_=R.c.starts.type))
+        await conn.execute(stmt, {"n": self.name, "k": count})
+        self.headroom = max(self.headroom - count, 0)
         now = time.monotonic()
         if now - self._swept >= self.per:
             await conn.execute(

@@ -101,6 +101,8 @@ async def _upgrade_once(db: Database) -> int:
         await _v5_to_v6(db)
     if 0 < found < 7:
         await _v6_to_v7(db)
+    if 0 < found < 8:
+        await _v7_to_v8(db)
     async with db.engine.begin() as conn:
         await conn.run_sync(db.t.metadata.create_all, checkfirst=True)
     async with db.engine.begin() as conn:
@@ -250,6 +252,45 @@ async def _v6_to_v7(db: Database) -> None:
                     ix.create(sync_conn, checkfirst=True)
 
             await conn.run_sync(create)
+
+
+async def _v7_to_v8(db: Database) -> None:
+    """v8: ``starts`` on the rate ledger (``INTEGER NOT NULL DEFAULT 1``): a claim records
+    its starts in one row instead of one row each. The rows already there count one each,
+    as they did. A constant default rewrites no row on any of the three databases (the
+    value is kept in the catalog). ``ix_rate`` is rebuilt with ``starts`` (the budget's
+    SUM reads the index alone; the ledger holds seconds of rows, so this is quick). Each
+    only if missing, under the gate's lock (one process migrates; the others wait, then
+    find them)."""
+    R = db.t.rate
+    ix = next(i for i in R.indexes if i.name == f"{_prefix(db)}ix_rate")
+    async with db.engine.begin() as conn:
+        await db.ops.lock_gate(conn)
+
+        def seen(sync_conn: Any) -> tuple[set[str], list[str] | None] | None:
+            from sqlalchemy import inspect
+
+            look = inspect(sync_conn)
+            if not look.has_table(R.name):
+                return None  # create_all makes it, with the column and the index
+            cols = {c["name"] for c in look.get_columns(R.name)}
+            found = [i for i in look.get_indexes(R.name) if i["name"] == ix.name]
+            return cols, ([str(c) for c in found[0]["column_names"]] if found else None)
+
+        have = await conn.run_sync(seen)
+        if have is None:
+            return
+        cols, indexed = have
+        if "starts" not in cols:
+            await conn.execute(text(
+                f"ALTER TABLE {R.name} ADD COLUMN starts INTEGER NOT NULL DEFAULT 1"))
+        if indexed != ["name", "at", "starts"]:
+            def rebuild(sync_conn: Any) -> None:
+                if indexed is not None:
+                    ix.drop(sync_conn)
+                ix.create(sync_conn)
+
+            await conn.run_sync(rebuild)
 
 
 @dataclass(frozen=True)

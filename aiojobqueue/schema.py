@@ -37,7 +37,7 @@ from .dialects.columns import Id as _Id
 from .dialects.columns import Json as _Json
 from .dialects.columns import UTCDateTime, drop_routines_with
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 #: What a container not yet active adds to its children's ``pending`` (v3; was 1): larger
 #: than any count of dependencies, so activation tells the credited children apart.
 CREDIT = 1 << 30
@@ -261,7 +261,12 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("id", _Id, primary_key=True, autoincrement=True),
         Column("name", String(100), nullable=False),
         Column("at", UTCDateTime, nullable=False),
-        Index(f"{p}ix_rate", "name", "at"),
+        # v8: the starts one claim recorded (one row per claim, not per start); a server
+        # default, so a row written without it (v7) counts one, as it did then
+        Column("starts", Integer, nullable=False, server_default="1"),
+        # v8: with `starts`, the budget's SUM over a window is a range of this index alone
+        # (v7: name, at; InnoDB then read each row's clustered record for it)
+        Index(f"{p}ix_rate", "name", "at", "starts"),
     )
     # v5: the dependents of a finished job whose release was split off its finalize (the
     # PostgreSQL routine releases the first of a large fan-out in the finalizing call and the

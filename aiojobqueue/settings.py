@@ -52,6 +52,10 @@ class Settings:
     local_limits: tuple[Limit, ...] = field(init=False)
     #: claims must take the gate: a global cap, a group cap or a RateLimit is counted
     needs_gate: bool = field(init=False)
+    #: a global cap or a group cap counts running jobs: a round's finalize and claim share
+    #: one transaction (the claim sees the freed slots), and nothing is leased ahead. A
+    #: RateLimit alone counts starts, not slots: neither applies to it
+    counts_slots: bool = field(init=False)
 
     def __post_init__(self) -> None:
         c = self.concurrency
@@ -88,6 +92,7 @@ class Settings:
         put(self, "db_limits", tuple(x for x in self.limits if isinstance(x, RateLimit)))
         put(self, "local_limits", tuple(x for x in self.limits if not isinstance(x, RateLimit)))
         put(self, "needs_gate", bool(c is not None or self.group_limits or self.db_limits))
+        put(self, "counts_slots", bool(c is not None or self.group_limits))
 
     @classmethod
     def build(cls, limits: Iterable[Limit] = (), group_limits: Mapping[str, int] | None = None,

@@ -198,7 +198,7 @@ class OverviewReads(Reader):
             if not isinstance(lim, RateLimit):
                 out.append(Gauge(type(lim).__name__, 0, None, "a custom limit (in-process)"))
                 continue
-            used = await conn.scalar(select(func.count()).select_from(R).where(
+            used = await conn.scalar(select(func.coalesce(func.sum(R.c.starts), 0)).where(
                 R.c.name == lim.name, R.c.at > utcnow_plus(-lim.per)))
             out.append(Gauge(f"rate {lim.name}", int(used or 0), lim.n,
                              f"starts in the last {lim.per:g} s"))

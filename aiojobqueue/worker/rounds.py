@@ -69,8 +69,10 @@ class ParallelRound:
                 batch = out.take()
                 # Under a counted cap the finalize and the claim share one transaction, so
                 # the claim takes over the slots the batch frees (beside it, it would find
-                # them still held and the freed slots would wait for the next poll).
-                if want and batch and self.core.settings.needs_gate:
+                # them still held and the freed slots would wait for the next poll). A
+                # RateLimit alone counts starts, which no finalize frees: the claim (under
+                # the gate) runs beside the finalize as when uncapped.
+                if want and batch and self.core.settings.counts_slots:
                     return await self.capped(batch, want, types, quick)
                 # With no backlog, a finalize that may release jobs (a dependent, a
                 # container's next child) goes first, so this round's claim already sees
@@ -102,12 +104,18 @@ class ParallelRound:
         PREFETCH_HORIZON at its recent pace, at most PREFETCH_MAX x ``capacity`` (or
         PREFETCH_FLOOR); only while the last claim came back full (a backlog to run
         through: a shallow ready set is left to the other workers). None where a global
-        cap, group cap or limit is counted (a prefetched job would hold a scarce slot idle)."""
+        cap, group cap or local limit is counted (a prefetched job would hold a scarce slot
+        idle); under a RateLimit, at most a quarter of the starts its last count left
+        (RateLimit.headroom: none near the limit, where a start leased ahead would be a
+        scarce start held idle in this worker's buffer)."""
         s = self.core.settings
-        if s.needs_gate or s.local_limits or avg_run is None or not self.state.backlog:
+        if s.counts_slots or s.local_limits or avg_run is None or not self.state.backlog:
             return 0
         pace = s.capacity * PREFETCH_HORIZON / max(avg_run, 1e-6)
-        return min(max(PREFETCH_MAX * s.capacity, PREFETCH_FLOOR), int(pace))
+        ahead = min(max(PREFETCH_MAX * s.capacity, PREFETCH_FLOOR), int(pace))
+        for limit in s.db_limits:
+            ahead = min(ahead, limit.headroom // 4)
+        return ahead
 
     def claim_runner(self) -> Callable[[Callable[[Any], Awaitable[list[Claimed]]]],
                                        Awaitable[list[Claimed]]]:

@@ -221,6 +221,36 @@ async def test_rate_limit_says_when_the_next_slot_opens(
         assert abs((data["next_at"] - (started + timedelta(seconds=60))).total_seconds()) < 2
 
 
+async def test_rate_limit_next_slot_counts_the_starts_of_each_claim(
+    make_queue: Callable[..., JobQueue],
+) -> None:
+    """The ledger holds one row per claim with its ``starts`` (schema v8): the window of
+    RateLimit(5, per=60) holding claims of 2, 2 and 3 starts (30, 20 and 10 s ago) is used
+    up, and its next slot opens when the claim of 20 s ago ages out (newest first, 3 + 2
+    reach 5; once that row leaves, 3 stay)."""
+    from aiojobqueue.explain import _next_rate_slot
+    from aiojobqueue.timeutil import db_now, utcnow_plus
+
+    lim = RateLimit(5, per=60.0, name="api")
+    q = make_queue(limits=[lim])
+    blocking(q)
+    async with q:
+        R = q._t.rate
+        async with q.engine.begin() as conn:
+            for ago, k in ((30, 2), (20, 2), (10, 3), (90, 4)):  # the last out of the window
+                await conn.execute(insert(R).values(name="api", at=utcnow_plus(-ago), starts=k))
+        async with q.engine.connect() as conn:
+            now = (await conn.execute(select(db_now()))).scalar_one()
+            assert await lim.budget(conn, q._t) == 0
+            opens = await _next_rate_slot(q._started().db, conn, lim)
+    async with q, serving(q):
+        jid = await q.enqueue("t")
+        assert opens is not None
+        assert abs((opens - (now + timedelta(seconds=40))).total_seconds()) < 2, (opens, now)
+        e = await codes_become(q, jid, "rate_limit")
+        assert abs((e.reasons[0].data["next_at"] - opens).total_seconds()) < 1e-3
+
+
 class Closed(Limit):
     async def available(self) -> int:
         return 0

@@ -359,7 +359,7 @@ async def test_v6_schema_gains_the_trace_column_and_the_overview_indexes(
         async with q2.engine.connect() as conn:
             v = (await conn.execute(select(M.c.value).where(M.c.name == "schema_version"))
                  ).scalar_one()
-            assert v == str(SCHEMA_VERSION) == "7"
+            assert v == str(SCHEMA_VERSION) == "8"
             have = await conn.run_sync(indexes)
         assert (have & names) == (names if partial else set())
         provider(TracerProvider())
@@ -372,3 +372,54 @@ async def test_v6_schema_gains_the_trace_column_and_the_overview_indexes(
             stored = dict((await conn.execute(select(J.c.id, J.c.trace))).all())
     assert sorted(ran) == [old, new]
     assert stored[old] is None and stored[new]["traceparent"].startswith("00-")
+
+
+async def test_v7_rate_ledger_gains_starts_and_its_rows_count_one_each(
+    make_queue: Callable[..., JobQueue],
+) -> None:
+    """v8 adds ``starts`` to the rate ledger (one row per claim) and to ``ix_rate``: the
+    rows a v7 worker wrote (one per start, no such column) count one each after the
+    upgrade, so the window they are in stays as full as it was; new claims then add one
+    row for all they leased."""
+    from aiojobqueue import RateLimit
+    from aiojobqueue.timeutil import db_now
+
+    q = make_queue()
+    async with q:
+        R, M = q._t.rate, q._t.meta
+        ix = f"{q.prefix}ix_rate"
+        async with q.engine.begin() as conn:  # back to what v7 looked like, 3 starts in it
+            on = f" ON {R.name}" if conn.dialect.name in ("mysql", "mariadb") else ""
+            await conn.execute(text(f"DROP INDEX {ix}{on}"))
+            await conn.execute(text(f"ALTER TABLE {R.name} DROP COLUMN starts"))
+            await conn.execute(text(f"CREATE INDEX {ix} ON {R.name} (name, at)"))
+            for _ in range(3):
+                await conn.execute(insert(R).values(name="r", at=db_now()))
+            await conn.execute(update(M).where(M.c.name == "schema_version").values(value="7"))
+
+    lim = RateLimit(6, per=60.0, name="r")
+    q2 = make_queue(limits=[lim], capacity=10)
+    ran: list[int] = []
+
+    @q2.handler("t")
+    async def t(ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    async with q2:  # upgrades
+        async with q2.engine.connect() as conn:
+            v = (await conn.execute(select(M.c.value).where(M.c.name == "schema_version"))
+                 ).scalar_one()
+            assert v == str(SCHEMA_VERSION) == "8"
+            assert sorted(r[0] for r in await conn.execute(select(R.c.starts))) == [1, 1, 1]
+            found = await conn.run_sync(lambda c: {
+                i["name"]: i["column_names"] for i in inspect(c).get_indexes(R.name)})
+            assert found[ix] == ["name", "at", "starts"]  # the budget's SUM reads it alone
+            assert await lim.budget(conn, q2._t) == 3
+        async with q2.batch() as b:
+            refs = [b.add("t", {}) for _ in range(3)]
+        await q2.run_until_idle()
+        async with q2.engine.connect() as conn:
+            rows = sorted(r[0] for r in await conn.execute(select(R.c.starts)))
+            assert await lim.budget(conn, q2._t) == 0
+    assert sorted(ran) == sorted(r.id for r in refs)
+    assert sum(rows) == 6 and len(rows) < 6  # the new claims took one row each, not one a start

@@ -249,3 +249,37 @@ async def test_a_failing_limit_fails_closed_and_serving_goes_on(
         for i in ids:
             assert (await q.get(i)).state == JobState.DONE
     assert flaky.calls > 3  # nothing started while it raised; it was asked again
+
+
+async def test_rate_limit_far_from_its_limit_leases_ahead(
+    make_queue: Callable[..., JobQueue],
+) -> None:
+    """A RateLimit counts starts, not slots: far from its limit, a worker with a backlog
+    leases ahead as it does uncapped (a claim records more starts than the worker has
+    slots), at most a quarter of the starts its last count left; every job runs once and
+    the ledger holds every start."""
+    from sqlalchemy import func
+
+    from aiojobqueue import RateLimit
+
+    lim = RateLimit(10**6, per=60.0)
+    q = make_queue(capacity=2, limits=[lim])
+    ran: list[int] = []
+
+    @q.handler("t")
+    async def t(ctx: Any) -> None:
+        ran.append(ctx.job_id)
+        await asyncio.sleep(0.002)
+
+    async with q:
+        async with q.batch() as b:
+            refs = [b.add("t", {}) for _ in range(300)]
+        await q.run_until_idle()
+        R = q._t.rate
+        async with q.engine.connect() as conn:
+            biggest, total = (await conn.execute(
+                select(func.max(R.c.starts), func.sum(R.c.starts)))).one()
+    assert sorted(ran) == sorted(r.id for r in refs)  # each once
+    assert int(total) == 300
+    assert biggest > 2  # claims took more than the 2 free slots: leased ahead
+    assert lim.headroom == 10**6 - 300

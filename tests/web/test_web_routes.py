@@ -72,6 +72,27 @@ async def test_overview_counts_and_fair_share(make_queue: Callable[..., JobQueue
         assert len(ov.throughput) == 60
 
 
+async def test_rate_gauge_sums_the_starts_of_each_claim(
+    make_queue: Callable[..., JobQueue],
+) -> None:
+    """The overview's rate gauge counts starts, not ledger rows: a claim writes one row
+    for all it leased (schema v8)."""
+    from sqlalchemy import insert
+
+    from aiojobqueue import RateLimit
+    from aiojobqueue.timeutil import utcnow_plus
+
+    q = make_queue(limits=[RateLimit(100, per=60.0, name="api")])
+    async with q:
+        R = q._t.rate
+        async with q.engine.begin() as conn:
+            for ago, k in ((5, 3), (2, 4), (120, 9)):  # the last one out of the window
+                await conn.execute(insert(R).values(name="api", at=utcnow_plus(-ago), starts=k))
+        ov = await Q.Data(q).overview()
+    (rate,) = [g for g in ov.gauges if g.limit == 100]
+    assert rate.used == 7
+
+
 async def test_counts_cap_and_say_so(make_queue: Callable[..., JobQueue],
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(V, "CAP", 3)
