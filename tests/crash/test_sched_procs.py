@@ -183,6 +183,8 @@ async def test_sigkilled_worker_frees_its_slots_after_lease_expiry(
             if p.poll() is None:
                 p.kill()
                 p.wait()
+            if p.stdout is not None:
+                p.stdout.close()
         expiry = max(r.lease_expires for r in await running())
         after = await _backlog(q, 3, ms=10)
 
