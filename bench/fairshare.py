@@ -240,7 +240,7 @@ async def amain(args: argparse.Namespace) -> None:
         for db in args.dbs.split(","):
             rows: dict[str, list[float]] = {}
 
-            def note(k: str, v: float) -> None:
+            def note(k: str, v: float, rows: dict[str, list[float]] = rows) -> None:
                 rows.setdefault(k, []).append(v)
 
             for _ in range(args.reps):
@@ -268,7 +268,8 @@ async def amain(args: argparse.Namespace) -> None:
                              await drain(db, tmp, args.n, 1, capacity=c, rate=10**6))
             med = {k: statistics.median(v) for k, v in rows.items()}
 
-            def line(k: str, base: str | None) -> None:
+            def line(k: str, base: str | None, med: dict[str, float] = med,
+                     db: str = db) -> None:
                 if k not in med:
                     return
                 r = f"{med[k] / med[base]:.2f}" if base and base in med else ""
