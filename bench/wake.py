@@ -57,6 +57,7 @@ URLS = {
     "postgresql": "postgresql+asyncpg://postgres@127.0.0.1:5432/test",
 }
 #: the tree whose aiojobqueue this run imports (PYTHONPATH): its producers run the same code
+#: (started there: ``python -c`` puts its working directory first on sys.path)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(aiojobqueue.__file__)))
 
 PRODUCER = """
@@ -134,7 +135,8 @@ async def wake(t: Target, n: int, gap: float) -> list[float]:
             try:
                 env = {**os.environ, "PYTHONPATH": ROOT}
                 proc = await asyncio.create_subprocess_exec(
-                    sys.executable, "-c", PRODUCER, url, prefix, str(n), str(gap), env=env)
+                    sys.executable, "-c", PRODUCER, url, prefix, str(n), str(gap), env=env,
+                    cwd=ROOT)
                 await proc.wait()
                 deadline = time.monotonic() + 10
                 while len(lat) < n and time.monotonic() < deadline:  # noqa: ASYNC110
@@ -183,7 +185,7 @@ async def next_start(t: Target, n: int, gap: float) -> list[float]:
             env = {**os.environ, "PYTHONPATH": ROOT}
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-c", UPSTREAM, url, prefix, str(3 + n * gap + 3), env=env,
-                stdout=asyncio.subprocess.PIPE)
+                stdout=asyncio.subprocess.PIPE, cwd=ROOT)
             try:
                 await asyncio.sleep(2.5)  # the other worker is up and idle
                 for i in range(n):
@@ -375,7 +377,7 @@ async def enqueue_ms_watched(t: Target, n: int, gap: float, bell: bool) -> float
         async with JobQueue(url, prefix=prefix) as q:
             env = {**os.environ, "PYTHONPATH": ROOT}
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-c", IDLE_WORKER, url, prefix, env=env)
+                sys.executable, "-c", IDLE_WORKER, url, prefix, env=env, cwd=ROOT)
             try:
                 await asyncio.sleep(3.0)  # up, idle, past its grace: asleep
                 for _ in range(5):
