@@ -9,7 +9,10 @@ Per database, one table row:
   interpreter and connections), the worker idle in this one with the default settings
   (``poll_interval=1``). *warm*: 20 ms apart, as the shared harness sends them (the MySQL
   bell watch then looks every 10 ms); *cold*: 1.3 s apart (past its warm second: the watch
-  looks every 50 ms, what a long-idle worker does).
+  sleeps on the server until a ringer's KILL QUERY, what a long-idle worker does).
+* **next start**: completion -> next start across processes: a job finishes in another
+  process (its worker idle in between), its finalize releases a dependent, and the idle
+  worker here (which serves only the dependent) starts it; 1.3 s apart.
 * **idle q/s**: the statements one idle worker sends the server per second (its pool and its
   wake-up's own connection), counted by the client over a quiet window, at about 1,000 and
   1,000,000 rows in the jobs table, and the median time of one bell look at each (MySQL).
@@ -17,7 +20,13 @@ Per database, one table row:
   claim1 + finalize1 loop of ``/work/shared/bench-sqlite-mariadb`` (SQLite at
   ``synchronous=FULL``, as aiojobqueue runs it; MariaDB one client), alternated.
 * **bell cost** (MariaDB): single ``enqueue()`` calls per second with the bell rung and with
-  it silenced, alternated (the worst case: one bell UPDATE per enqueue transaction).
+  it silenced, alternated (one bell UPDATE per enqueue transaction; no worker: no KILL);
+  and, with an idle worker asleep in another process, the median time of one ``enqueue()``
+  0.6 s apart (each then also sends one KILL QUERY, and a look at the process list at most
+  once a second) rung vs silenced.
+
+``--parts`` runs only some columns (``wake,next,idle,c1,bell``): an A/B of two trees runs
+this file under each tree's PYTHONPATH in turn (the producers import the same tree).
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from typing import Any
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
+import aiojobqueue
 from aiojobqueue import JobQueue
 from aiojobqueue.schema import build_tables
 
@@ -46,7 +56,9 @@ URLS = {
     "mariadb": "mysql+aiomysql://root@127.0.0.1:3306/test",
     "postgresql": "postgresql+asyncpg://postgres@127.0.0.1:5432/test",
 }
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: the tree whose aiojobqueue this run imports (PYTHONPATH): its producers run the same code
+#: (started there: ``python -c`` puts its working directory first on sys.path)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(aiojobqueue.__file__)))
 
 PRODUCER = """
 import asyncio, sys, time
@@ -123,7 +135,8 @@ async def wake(t: Target, n: int, gap: float) -> list[float]:
             try:
                 env = {**os.environ, "PYTHONPATH": ROOT}
                 proc = await asyncio.create_subprocess_exec(
-                    sys.executable, "-c", PRODUCER, url, prefix, str(n), str(gap), env=env)
+                    sys.executable, "-c", PRODUCER, url, prefix, str(n), str(gap), env=env,
+                    cwd=ROOT)
                 await proc.wait()
                 deadline = time.monotonic() + 10
                 while len(lat) < n and time.monotonic() < deadline:  # noqa: ASYNC110
@@ -133,6 +146,63 @@ async def wake(t: Target, n: int, gap: float) -> list[float]:
     finally:
         await t.drop(url, prefix)
     return lat
+
+
+UPSTREAM = """
+import asyncio, sys, time
+from aiojobqueue import JobQueue
+async def main(url, prefix, secs):
+    q = JobQueue(url, prefix=prefix)
+    @q.handler("a")
+    async def a(ctx, i):
+        print(i, time.time(), flush=True)
+    async with q:
+        serving = asyncio.create_task(q.serve())
+        await asyncio.sleep(secs)
+        serving.cancel()
+        try:
+            await serving
+        except asyncio.CancelledError:
+            pass
+asyncio.run(main(sys.argv[1], sys.argv[2], float(sys.argv[3])))
+"""
+
+
+async def next_start(t: Target, n: int, gap: float) -> list[float]:
+    """Latencies (ms) from "a" returning in another process to its dependent "b" starting
+    in this one, n chains ``gap`` s apart."""
+    url, prefix = t.fresh()
+    q = JobQueue(url, prefix=prefix)
+    started: dict[int, float] = {}
+
+    @q.handler("b")
+    async def b(ctx: Any, i: int) -> None:
+        started[i] = time.time()
+
+    try:
+        async with q:
+            worker = await _serving(q)
+            env = {**os.environ, "PYTHONPATH": ROOT}
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", UPSTREAM, url, prefix, str(3 + n * gap + 3), env=env,
+                stdout=asyncio.subprocess.PIPE, cwd=ROOT)
+            try:
+                await asyncio.sleep(2.5)  # the other worker is up and idle
+                for i in range(n):
+                    async with q.batch() as bt:
+                        a = bt.add("a", {"i": i})
+                        bt.add("b", {"i": i}, depends_on=[a])
+                    await asyncio.sleep(gap)
+                out, _ = await proc.communicate()
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+                await _stop(worker)
+    finally:
+        await t.drop(url, prefix)
+    ended = {int(i): float(ts) for i, ts in (ln.split() for ln in out.decode().splitlines())}
+    return [(started[i] - ended[i]) * 1000 for i in ended if i in started]
 
 
 # -- idle cost --------------------------------------------------------------------------------
@@ -279,6 +349,53 @@ async def enqueue_rate(t: Target, n: int, bell: bool) -> float:
         await t.drop(url, prefix)
 
 
+IDLE_WORKER = """
+import asyncio, sys
+from aiojobqueue import JobQueue
+async def main(url, prefix):
+    q = JobQueue(url, prefix=prefix)
+    @q.handler("t")
+    async def t(ctx, ts):
+        pass
+    async with q:
+        await q.serve()
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+async def enqueue_ms_watched(t: Target, n: int, gap: float, bell: bool) -> float:
+    """Median ms of one enqueue(), ``gap`` s apart, an idle worker sleeping in another
+    process (it runs each job: every enqueue finds it asleep again)."""
+    import aiojobqueue.dialects.mysql as my
+
+    url, prefix = t.fresh()
+    real = my.ring
+    if not bell:
+        my.ring = lambda conn, meta: None  # type: ignore[assignment]
+    took: list[float] = []
+    try:
+        async with JobQueue(url, prefix=prefix) as q:
+            env = {**os.environ, "PYTHONPATH": ROOT}
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", IDLE_WORKER, url, prefix, env=env, cwd=ROOT)
+            try:
+                await asyncio.sleep(3.0)  # up, idle, past its grace: asleep
+                for _ in range(5):
+                    await q.enqueue("t", {"ts": 0})
+                for _ in range(n):
+                    await asyncio.sleep(gap)
+                    t0 = time.perf_counter()
+                    await q.enqueue("t", {"ts": 0})
+                    took.append((time.perf_counter() - t0) * 1000)
+            finally:
+                proc.kill()
+                await proc.wait()
+    finally:
+        my.ring = real  # type: ignore[assignment]
+        await t.drop(url, prefix)
+    return statistics.median(took)
+
+
 def fmt(x: float | None, nd: int = 0) -> str:
     return "—" if x is None else f"{x:,.{nd}f}"
 
@@ -287,7 +404,9 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dbs", default="sqlite,mariadb,postgresql")
     ap.add_argument("--lat", type=int, default=100, help="warm enqueues, 20 ms apart")
-    ap.add_argument("--cold", type=int, default=15, help="cold enqueues, 1.3 s apart")
+    ap.add_argument("--cold", type=int, default=40, help="cold enqueues, 1.3 s apart")
+    ap.add_argument("--chains", type=int, default=15, help="next-start chains, 1.3 s apart")
+    ap.add_argument("--parts", default="wake,next,idle,c1,bell", help="what to measure")
     ap.add_argument("--n1", type=int, default=3000, help="jobs per capacity=1 drain")
     ap.add_argument("--pairs", type=int, default=2, help="alternated C=1 / raw pairs")
     ap.add_argument("--big", type=int, default=1_000_000, help="rows of the large table")
@@ -298,20 +417,23 @@ async def main() -> None:
     notes: list[str] = []
     for db in args.dbs.split(","):
         t = Target(db, tmp)
-        warm = await wake(t, args.lat, 0.02)
-        cold = await wake(t, args.cold, 1.3)
-        small = await idle(t, 1000, args.window)
-        big = await idle(t, args.big, args.window) if db == "mariadb" else None
+        parts = set(args.parts.split(","))
+        warm = await wake(t, args.lat, 0.02) if "wake" in parts else [0.0]
+        cold = await wake(t, args.cold, 1.3) if "wake" in parts else [0.0]
+        chain = await next_start(t, args.chains, 1.3) if "next" in parts else [0.0]
+        small = await idle(t, 1000, args.window) if "idle" in parts else (0.0, None, 0)
+        big = (await idle(t, args.big, args.window)
+               if db == "mariadb" and "idle" in parts and args.big else None)
         c1: list[float] = []
         raw: list[float] = []
-        for _ in range(args.pairs):
+        for _ in range(args.pairs if "c1" in parts else 0):
             c1.append(await drain_c1(t, args.n1))
             r = await asyncio.to_thread(raw_ceiling, db, max(args.n1, 3000), tmp)
             if r is not None:
                 raw.append(r)
-        c1m = statistics.median(c1)
+        c1m = statistics.median(c1) if c1 else None
         rawm = statistics.median(raw) if raw else None
-        ratio = f"**{c1m / rawm:.2f}**" if rawm else "—"
+        ratio = f"**{c1m / rawm:.2f}**" if rawm and c1m else "—"
         idle_txt = f"{small[0]:.1f} @ {small[2]:,}"
         if big is not None:
             idle_txt += f" / {big[0]:.1f} @ {big[2]:,}"
@@ -319,11 +441,12 @@ async def main() -> None:
             f"{small[1]:.2f} / {big[1]:.2f}" if big and big[1] is not None else f"{small[1]:.2f}")
         rows.append([
             db, f"{pct(warm, 50):.1f} / {pct(warm, 99):.1f}",
-            f"{pct(cold, 50):.1f} / {pct(cold, 99):.1f}", idle_txt, look,
+            f"{pct(cold, 50):.1f} / {pct(cold, 99):.1f}",
+            f"{pct(chain, 50):.1f} / {pct(chain, 99):.1f} (n={len(chain)})", idle_txt, look,
             f"{fmt(c1m)} (pairs: {', '.join(fmt(x) for x in c1)})",
             f"{fmt(rawm)} ({', '.join(fmt(x) for x in raw)})" if raw else "—", ratio,
         ])
-        if db == "mariadb":
+        if db == "mariadb" and "bell" in parts:
             on: list[float] = []
             off: list[float] = []
             for _ in range(args.pairs):
@@ -334,7 +457,19 @@ async def main() -> None:
                 f"{statistics.median(off):,.0f}/s silenced (pairs on/off: "
                 + ", ".join(f"{a:,.0f}/{b:,.0f}" for a, b in zip(on, off, strict=True))
                 + f"): **{statistics.median(on) / statistics.median(off):.2f}**")
+            won: list[float] = []
+            woff: list[float] = []
+            for _ in range(args.pairs):
+                won.append(await enqueue_ms_watched(t, 20, 0.6, True))
+                woff.append(await enqueue_ms_watched(t, 20, 0.6, False))
+            notes.append(
+                f"MariaDB bell cost with an idle worker asleep in another process: one "
+                f"enqueue() 0.6 s apart {statistics.median(won):.2f} ms rung (UPDATE, KILL "
+                f"QUERY) vs {statistics.median(woff):.2f} ms silenced (pairs on/off: "
+                + ", ".join(f"{a:.2f}/{b:.2f}" for a, b in zip(won, woff, strict=True))
+                + f"): **{statistics.median(won) / statistics.median(woff):.2f}**")
     head = ["database", "wake warm p50 / p99 ms", "wake cold p50 / p99 ms",
+            "next start p50 / p99 ms",
             "idle q/s @ jobs rows", "bell look ms (small / large)", "C=1 jobs/s",
             "raw claim1+finalize1 jobs/s", "C=1 / raw"]
     print("| " + " | ".join(head) + " |")
