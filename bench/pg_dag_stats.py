@@ -16,10 +16,13 @@ queue whose engine is opened after the build, so its sessions count the drain al
 * the routines' calls and time (``track_functions = 'pl'`` set in each drain session);
 * statements sent per job, by statement (a cursor hook: an executemany counts one).
 
-A tree given as ``DIR:drop`` drops schema v7's partial indexes first, ``DIR:cols`` adds
-issue 20's three columns, ``DIR:generic`` / ``DIR:custom`` set ``plan_cache_mode`` to
-``force_generic_plan`` / ``force_custom_plan`` in the drain's sessions (``drop+cols``: both). ``--sql DIR`` writes each tree's routine definitions and the statements it sent there,
-for a diff. Needs a server on this machine (``AIOJOBQUEUE_TEST_PG``).
+A tree given as ``DIR:TWEAK`` (several joined by ``+``) changes its drains: ``drop``
+drops schema v7's partial indexes first, ``cols`` adds issue 20's three columns (to a
+tree without them), ``generic`` / ``custom`` set ``plan_cache_mode`` to
+``force_generic_plan`` / ``force_custom_plan`` in the drain's sessions, ``explain`` logs
+every plan, the routines' statements too, with row counts (auto_explain, loaded per
+session) to the server's log. ``--sql DIR`` writes each tree's routine definitions and the
+statements it sent there, for a diff. Needs a server on this machine (``AIOJOBQUEUE_TEST_PG``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import importlib.util
 import json
 import os
@@ -116,7 +120,7 @@ async def child(shape: str, n: int, conc: int, sql_dir: str | None, tag: str,
                     if what == "drop":  # schema v7's partial indexes
                         for st in ("waiting", "scheduled", "failed"):
                             await conn.execute(text(f"DROP INDEX IF EXISTS {p}ix_{st}_group"))
-                    elif what in ("generic", "custom"):  # plan_cache_mode, set per session
+                    elif what in ("generic", "custom", "explain"):  # set per session
                         pass
                     elif what == "cols":  # issue 20's columns, on a tree without them
                         await conn.execute(text(
@@ -140,6 +144,12 @@ async def child(shape: str, n: int, conc: int, sql_dir: str | None, tag: str,
             # rolled back when the pool resets the connection
             async def setup(apg: Any) -> None:
                 await apg.execute("SET track_functions = 'pl'")
+                if "explain" in tweak.split("+"):  # every plan, nested ones too, to the log
+                    for sql in ("LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
+                                "SET auto_explain.log_nested_statements = on",
+                                "SET auto_explain.log_analyze = on",
+                                "SET auto_explain.log_timing = off"):
+                        await apg.execute(sql)
                 for mode in ("generic", "custom"):
                     if mode in tweak.split("+"):
                         await apg.execute(f"SET plan_cache_mode = force_{mode}_plan")
@@ -158,10 +168,8 @@ async def child(shape: str, n: int, conc: int, sql_dir: str | None, tag: str,
             event.listen(q2.engine.sync_engine, "before_cursor_execute", count)
             cpu0: dict[int, float] = {}
             for pid in pids:
-                try:
+                with contextlib.suppress(OSError):  # a start-up session already closed
                     cpu0[pid] = cpu_of(pid)
-                except OSError:  # a start-up session already closed
-                    pass
             opened = len(pids)
             t0 = time.monotonic()
             await q2.run_until_idle()
@@ -169,21 +177,19 @@ async def child(shape: str, n: int, conc: int, sql_dir: str | None, tag: str,
             event.remove(q2.engine.sync_engine, "before_cursor_execute", count)
             cpu = 0.0
             for pid in pids:
-                try:
+                with contextlib.suppress(OSError):
                     cpu += cpu_of(pid) - cpu0.get(pid, 0.0)
-                except OSError:
-                    pass
             if sql_dir:
                 async with q2.engine.connect() as conn:
                     defs = (await conn.execute(text(
                         "SELECT proname, pg_get_functiondef(oid) FROM pg_proc "
                         "WHERE proname LIKE :p ORDER BY 1"), {"p": p + "%"})).all()
                 os.makedirs(sql_dir, exist_ok=True)
-                with open(os.path.join(sql_dir, f"{tag}.routines.sql"), "w") as f:
+                with open(os.path.join(sql_dir, f"{tag}.routines.sql"), "w") as f:  # noqa: ASYNC230
                     for name, body in defs:
                         f.write(body.replace(p, "ajq_").replace(name[len(p):], "ajq_" +
                                 name[len(p):].split("_settle_")[0] + "_settle_X") + "\n\n")
-                with open(os.path.join(sql_dir, f"{tag}.statements.txt"), "w") as f:
+                with open(os.path.join(sql_dir, f"{tag}.statements.txt"), "w") as f:  # noqa: ASYNC230
                     for s, k in sent.most_common():
                         f.write(f"{k}\t{s.replace(p, 'ajq_')}\n")
         event.remove(Pool, "connect", on_connect)
@@ -220,11 +226,12 @@ def main() -> None:
     trees = a.trees.split(",")
     got: dict[str, list[dict[str, float]]] = {t: [] for t in trees}
     for r in range(a.reps):
-        for k, tree in enumerate(trees[r % len(trees):] + trees[:r % len(trees)]):
+        for tree in trees[r % len(trees):] + trees[:r % len(trees)]:
             tag = f"tree{trees.index(tree)}"
             path, _, tweak = tree.partition(":")
             cmd = [sys.executable, __file__, "--child", "--shape", a.shape, "--n", str(a.n),
-                   "--conc", str(a.conc), "--tag", tag, "--tweak", tweak] + (["--sql", a.sql] if a.sql else [])
+                   "--conc", str(a.conc), "--tag", tag, "--tweak", tweak]
+            cmd += ["--sql", a.sql] if a.sql else []
             out = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": path},
                                  capture_output=True, text=True, timeout=900)
             if out.returncode:
@@ -232,8 +239,10 @@ def main() -> None:
             res = json.loads(out.stdout.strip().splitlines()[-1])
             per = {key: v / res["n"] for key, v in res["delta"].items()}
             got[tree].append(per)
-            print(f"round {r + 1} {tree}: {res['delta']['sessions']:.0f} sessions "
-                  f"({res['delta']['sessions opened in the drain']:.0f} in the drain), backend {per['backend cpu us']:.1f} us/job, "
+            d = res["delta"]
+            print(f"round {r + 1} {tree}: {d['sessions']:.0f} sessions "
+                  f"({d['sessions opened in the drain']:.0f} in the drain), "
+                  f"backend {per['backend cpu us']:.1f} us/job, "
                   f"routines {per.get('fn settle.self_ms', 0) * 1e3:.1f} + "
                   f"{per.get('fn rest.self_ms', 0) * 1e3:.1f} us/job, "
                   f"{per['statements']:.3f} statements/job (load {os.getloadavg()[0]:.1f})",
