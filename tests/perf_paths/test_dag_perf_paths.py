@@ -158,6 +158,31 @@ def release_sql(q: JobQueue, ids: str) -> str:
     return str(stmt.compile(dialect=q.engine.dialect, compile_kwargs={"literal_binds": True}))
 
 
+async def skewed_edges(q: JobQueue) -> int:
+    """20,000 done jobs and 5,000 waiting on one upstream (returned), analysed."""
+    J, D = q._t.jobs, q._t.deps
+    now = datetime.now(UTC)
+    base = {"type": "t", "kind": "job", "args": {}, "group_key": "default", "run_after": now,
+            "max_attempts": 1, "attempt_limit": 1, "created_at": now, "attempts": 0,
+            "weight": 1, "priority": 0, "pending": 0}
+    async with q.engine.begin() as conn:
+        await conn.execute(insert(J), [dict(base, state="done") for _ in range(20_000)])
+        blocker = (await conn.execute(
+            insert(J).values(dict(base, state="waiting", pending=1)).returning(J.c.id)
+        )).scalar_one()
+        waiting = (await conn.execute(
+            insert(J).returning(J.c.id),
+            [dict(base, state="waiting", pending=1) for _ in range(5_000)],
+        )).scalars().all()
+        await conn.execute(insert(D), [{"job_id": w, "depends_on_id": blocker}
+                                       for w in waiting])
+    async with q.engine.connect() as conn:
+        await conn.execute(text(f"ANALYZE {J.name}"))
+        await conn.execute(text(f"ANALYZE {D.name}"))
+        await conn.commit()
+    return int(blocker)
+
+
 @pytest.mark.parametrize("db", ["postgresql"], indirect=True)  # generic plans are PG's
 async def test_dependents_update_stays_on_the_primary_key(
     make_queue: Callable[..., JobQueue], db: str
@@ -166,29 +191,11 @@ async def test_dependents_update_stays_on_the_primary_key(
     UPDATE into a hash join over a sequential scan of the jobs table under a generic plan."""
     q = make_queue()
     async with q:
-        J, D = q._t.jobs, q._t.deps
-        now = datetime.now(UTC)
-        base = {"type": "t", "kind": "job", "args": {}, "group_key": "default", "run_after": now,
-                "max_attempts": 1, "attempt_limit": 1, "created_at": now, "attempts": 0,
-                "weight": 1, "priority": 0, "pending": 0}
+        J = q._t.jobs
         async with q.batch() as b:
             up = b.add("t")
             down = b.add("t", depends_on=[up])
-        async with q.engine.begin() as conn:
-            await conn.execute(insert(J), [dict(base, state="done") for _ in range(20_000)])
-            blocker = (await conn.execute(
-                insert(J).values(dict(base, state="waiting", pending=1)).returning(J.c.id)
-            )).scalar_one()
-            waiting = (await conn.execute(
-                insert(J).returning(J.c.id),
-                [dict(base, state="waiting", pending=1) for _ in range(5_000)],
-            )).scalars().all()
-            await conn.execute(insert(D), [{"job_id": w, "depends_on_id": blocker}
-                                           for w in waiting])
-        async with q.engine.connect() as conn:
-            await conn.execute(text(f"ANALYZE {J.name}"))
-            await conn.execute(text(f"ANALYZE {D.name}"))
-            await conn.commit()
+        blocker = await skewed_edges(q)
         await claim_now(q)
         await finish(q, [up.id])
         assert (await q.get(down.id)).state == JobState.READY
@@ -317,4 +324,39 @@ async def test_split_release_stays_on_the_primary_key_before_the_first_analyze(
             await conn.rollback()
         assert any("rows=256 " in x and "Update on" in x for x in plan), plan
         assert not any(f"Seq Scan on {J.name}" in x for x in plan), plan
+        assert any(f"{J.name}_pkey" in x for x in plan), plan
+
+
+@pytest.mark.parametrize("db", ["postgresql"], indirect=True)
+async def test_routines_plan_once_per_session_and_stay_on_the_indexes_under_skew(
+    make_queue: Callable[..., JobQueue],
+) -> None:
+    """The routines run on generic plans: each statement is planned once per session, not
+    at every call (a custom plan weighs every index of the jobs table again: about 3 us of
+    server CPU per job of a DAG drain, bench/pg_dag_stats.py). With the routines' own
+    settings (sequential scans off) the release's generic plan stays on the edges' index
+    and the primary key even with thousands of jobs waiting on one upstream."""
+    q = make_queue()
+    async with q:
+        J, D = q._t.jobs, q._t.deps
+        blocker = await skewed_edges(q)
+        spec = routine_spec(q._core.db)
+        assert spec is not None
+        stmt = release_sql(q, "$1::bigint[]")
+        async with q.engine.connect() as conn:
+            configs = (await conn.execute(text(
+                "SELECT proname, proconfig FROM pg_proc WHERE proname LIKE :n"),
+                {"n": spec[0] + "%"})).all()
+            assert len(configs) == 3, configs
+            for name, config in configs:
+                assert "plan_cache_mode=force_generic_plan" in config, (name, config)
+            for name, value in (c.split("=") for c in configs[0][1]):
+                await conn.exec_driver_sql(f"SET {name} = {value}")
+            await conn.exec_driver_sql(f"PREPARE ajq_drop AS {stmt}")
+            plan = [r[0] for r in await conn.exec_driver_sql(
+                f"EXPLAIN EXECUTE ajq_drop('{{{blocker}}}')")]
+            await conn.exec_driver_sql("DEALLOCATE ajq_drop")
+            await conn.rollback()
+        assert not any("Seq Scan" in x for x in plan), plan
+        assert any(f"{D.name}" in x and "ix_deps_up" in x for x in plan), plan
         assert any(f"{J.name}_pkey" in x for x in plan), plan
