@@ -9,7 +9,10 @@ Per database, one table row:
   interpreter and connections), the worker idle in this one with the default settings
   (``poll_interval=1``). *warm*: 20 ms apart, as the shared harness sends them (the MySQL
   bell watch then looks every 10 ms); *cold*: 1.3 s apart (past its warm second: the watch
-  sleeps on the server until a ringer's KILL QUERY, what a long-idle worker does).
+  sleeps on the server until a ringer's KILL QUERY, what a long-idle worker does). *from
+  another host*: the cold enqueues from a network namespace of its own on a bridge, reaching
+  the server over that link through a forwarder process (tests/netkit.py; needs root and
+  ``ip``, else —).
 * **next start**: completion -> next start across processes: a job finishes in another
   process (its worker idle in between), its finalize releases a dependent, and the idle
   worker here (which serves only the dependent) starts it; 1.3 s apart.
@@ -25,7 +28,7 @@ Per database, one table row:
   0.6 s apart (each then also sends one KILL QUERY, and a look at the process list at most
   once a second) rung vs silenced.
 
-``--parts`` runs only some columns (``wake,next,idle,c1,bell``): an A/B of two trees runs
+``--parts`` runs only some columns (``wake,host,next,idle,c1,bell``): an A/B of two trees runs
 this file under each tree's PYTHONPATH in turn (the producers import the same tree).
 """
 
@@ -35,6 +38,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -44,6 +48,7 @@ import uuid
 from typing import Any
 
 from sqlalchemy import event, text
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import aiojobqueue
@@ -59,6 +64,9 @@ URLS = {
 #: the tree whose aiojobqueue this run imports (PYTHONPATH): its producers run the same code
 #: (started there: ``python -c`` puts its working directory first on sys.path)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(aiojobqueue.__file__)))
+#: tests/netkit.py: hosts as network namespaces (this file's tree: a test helper, not code
+#: under measurement)
+TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
 
 PRODUCER = """
 import asyncio, sys, time
@@ -118,8 +126,9 @@ async def _stop(task: asyncio.Task[None]) -> None:
 
 
 # -- wake latency ---------------------------------------------------------------------------
-async def wake(t: Target, n: int, gap: float) -> list[float]:
-    """Latencies (ms) of n enqueues from another process, ``gap`` s apart."""
+async def wake(t: Target, n: int, gap: float, host: Host | None = None) -> list[float]:
+    """Latencies (ms) of n enqueues from another process, ``gap`` s apart (on ``host``: in
+    its network namespace, over its link)."""
     url, prefix = t.fresh()
     q = JobQueue(url, prefix=prefix)
     lat: list[float] = []
@@ -134,9 +143,11 @@ async def wake(t: Target, n: int, gap: float) -> list[float]:
             worker = await _serving(q)
             try:
                 env = {**os.environ, "PYTHONPATH": ROOT}
-                proc = await asyncio.create_subprocess_exec(
-                    sys.executable, "-c", PRODUCER, url, prefix, str(n), str(gap), env=env,
-                    cwd=ROOT)
+                cmd = [sys.executable, "-c", PRODUCER, url if host is None else host.url(url),
+                       prefix, str(n), str(gap)]
+                if host is not None:
+                    cmd = ["ip", "netns", "exec", host.ns, *cmd]
+                proc = await asyncio.create_subprocess_exec(*cmd, env=env, cwd=ROOT)
                 await proc.wait()
                 deadline = time.monotonic() + 10
                 while len(lat) < n and time.monotonic() < deadline:  # noqa: ASYNC110
@@ -146,6 +157,69 @@ async def wake(t: Target, n: int, gap: float) -> list[float]:
     finally:
         await t.drop(url, prefix)
     return lat
+
+
+FORWARD = """
+import sys
+sys.path.insert(0, sys.argv[3])
+from netkit import Forwarder
+f = Forwarder(sys.argv[1], ("127.0.0.1", int(sys.argv[2]))).start()
+print(f.port, flush=True)
+sys.stdin.read()
+f.stop()
+"""
+
+
+class Host:
+    """Another host: a network namespace on a bridge (tests/netkit.py), reaching the server
+    through a forwarder on the bridge's address (the servers listen on 127.0.0.1 only), in a
+    process of its own."""
+
+    def __init__(self) -> None:
+        sys.path.insert(0, TESTS)
+        from netkit import Net
+
+        self.net = Net(1)
+        self.ns = self.net.ns[0]
+        self._fwd: dict[int, tuple[asyncio.subprocess.Process, int]] = {}
+
+    @staticmethod
+    def possible() -> bool:
+        """Namespaces need root and ``ip``."""
+        return os.geteuid() == 0 and shutil.which("ip") is not None
+
+    async def __aenter__(self) -> Host:
+        try:
+            self.net.up()
+        except BaseException:
+            self.net.down()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for proc, _ in self._fwd.values():
+            if proc.stdin is not None:
+                proc.stdin.close()
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+        self.net.down()
+
+    async def forward(self, port: int) -> None:
+        """A forwarder from the bridge to 127.0.0.1:``port``."""
+        if port in self._fwd:
+            return
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", FORWARD, self.net.gateway, str(port), TESTS,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        assert proc.stdout is not None
+        self._fwd[port] = (proc, int((await proc.stdout.readline()).decode()))
+
+    def url(self, url: str) -> str:
+        """``url`` as this host reaches the server (forward() its port first)."""
+        u = make_url(url)
+        return u.set(host=self.net.gateway, port=self._fwd[u.port or 0][1]).render_as_string(
+            hide_password=False)
 
 
 UPSTREAM = """
@@ -406,7 +480,7 @@ async def main() -> None:
     ap.add_argument("--lat", type=int, default=100, help="warm enqueues, 20 ms apart")
     ap.add_argument("--cold", type=int, default=40, help="cold enqueues, 1.3 s apart")
     ap.add_argument("--chains", type=int, default=15, help="next-start chains, 1.3 s apart")
-    ap.add_argument("--parts", default="wake,next,idle,c1,bell", help="what to measure")
+    ap.add_argument("--parts", default="wake,host,next,idle,c1,bell", help="what to measure")
     ap.add_argument("--n1", type=int, default=3000, help="jobs per capacity=1 drain")
     ap.add_argument("--pairs", type=int, default=2, help="alternated C=1 / raw pairs")
     ap.add_argument("--big", type=int, default=1_000_000, help="rows of the large table")
@@ -420,6 +494,11 @@ async def main() -> None:
         parts = set(args.parts.split(","))
         warm = await wake(t, args.lat, 0.02) if "wake" in parts else [0.0]
         cold = await wake(t, args.cold, 1.3) if "wake" in parts else [0.0]
+        remote: list[float] | None = None
+        if "host" in parts and db != "sqlite" and Host.possible():
+            async with Host() as host:
+                await host.forward(make_url(URLS[db] or "").port or 0)
+                remote = await wake(t, args.cold, 1.3, host)
         chain = await next_start(t, args.chains, 1.3) if "next" in parts else [0.0]
         small = await idle(t, 1000, args.window) if "idle" in parts else (0.0, None, 0)
         big = (await idle(t, args.big, args.window)
@@ -442,6 +521,7 @@ async def main() -> None:
         rows.append([
             db, f"{pct(warm, 50):.1f} / {pct(warm, 99):.1f}",
             f"{pct(cold, 50):.1f} / {pct(cold, 99):.1f}",
+            f"{pct(remote, 50):.1f} / {pct(remote, 99):.1f}" if remote else "—",
             f"{pct(chain, 50):.1f} / {pct(chain, 99):.1f} (n={len(chain)})", idle_txt, look,
             f"{fmt(c1m)} (pairs: {', '.join(fmt(x) for x in c1)})",
             f"{fmt(rawm)} ({', '.join(fmt(x) for x in raw)})" if raw else "—", ratio,
@@ -469,6 +549,7 @@ async def main() -> None:
                 + ", ".join(f"{a:.2f}/{b:.2f}" for a, b in zip(won, woff, strict=True))
                 + f"): **{statistics.median(won) / statistics.median(woff):.2f}**")
     head = ["database", "wake warm p50 / p99 ms", "wake cold p50 / p99 ms",
+            "cold, from another host",
             "next start p50 / p99 ms",
             "idle q/s @ jobs rows", "bell look ms (small / large)", "C=1 jobs/s",
             "raw claim1+finalize1 jobs/s", "C=1 / raw"]
