@@ -10,6 +10,7 @@ the counter unchanged and the watch would sleep on). The producers are other pro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sys
@@ -174,25 +175,35 @@ async def test_a_rolled_back_transaction_wakes_nothing(
     assert w.watch.kills == kills + 1
 
 
-@pytest_asyncio.fixture
-async def other_user(db_url: str) -> AsyncIterator[str]:
-    """The URL of a database user of its own (unique name, dropped afterwards) that may
-    read and write the test database and see every thread (PROCESS), but not end another
-    user's statements (no CONNECTION ADMIN / SUPER)."""
+@contextlib.asynccontextmanager
+async def _user(db_url: str, create: str = "", grants: tuple[str, ...] = ()
+                ) -> AsyncIterator[str]:
+    """The URL of a database user of its own (unique name, dropped afterwards) that may read
+    and write the test database; ``create``: more of its CREATE USER, ``grants``: more
+    global privileges."""
     name, pw = f"ajq_{uuid.uuid4().hex[:10]}", uuid.uuid4().hex
     url = make_url(db_url)
     root = create_async_engine(url)
     try:
         async with root.begin() as conn:
-            await conn.exec_driver_sql(f"CREATE USER '{name}'@'%%' IDENTIFIED BY '{pw}'")
+            await conn.exec_driver_sql(f"CREATE USER '{name}'@'%%' IDENTIFIED BY '{pw}' {create}")
             await conn.exec_driver_sql(
                 f"GRANT SELECT, INSERT, UPDATE, DELETE ON `{url.database}`.* TO '{name}'@'%%'")
-            await conn.exec_driver_sql(f"GRANT PROCESS ON *.* TO '{name}'@'%%'")
+            for grant in grants:
+                await conn.exec_driver_sql(f"GRANT {grant} ON *.* TO '{name}'@'%%'")
         yield url.set(username=name, password=pw).render_as_string(hide_password=False)
     finally:
         async with root.begin() as conn:
             await conn.exec_driver_sql(f"DROP USER IF EXISTS '{name}'@'%%'")
         await root.dispose()
+
+
+@pytest_asyncio.fixture
+async def other_user(db_url: str) -> AsyncIterator[str]:
+    """A user that may see every thread (PROCESS) but not end another user's statements
+    (no CONNECTION ADMIN / SUPER)."""
+    async with _user(db_url, grants=("PROCESS",)) as url:
+        yield url
 
 
 async def test_a_refused_kill_falls_back_to_polling(
@@ -226,22 +237,9 @@ async def test_a_refused_kill_falls_back_to_polling(
 
 @pytest_asyncio.fixture
 async def one_connection_user(db_url: str) -> AsyncIterator[str]:
-    """The URL of a database user of its own allowed one connection at a time
-    (MAX_USER_CONNECTIONS 1)."""
-    name, pw = f"ajq_{uuid.uuid4().hex[:10]}", uuid.uuid4().hex
-    url = make_url(db_url)
-    root = create_async_engine(url)
-    try:
-        async with root.begin() as conn:
-            await conn.exec_driver_sql(f"CREATE USER '{name}'@'%%' IDENTIFIED BY '{pw}' "
-                                       "WITH MAX_USER_CONNECTIONS 1")
-            await conn.exec_driver_sql(
-                f"GRANT SELECT, INSERT, UPDATE, DELETE ON `{url.database}`.* TO '{name}'@'%%'")
-        yield url.set(username=name, password=pw).render_as_string(hide_password=False)
-    finally:
-        async with root.begin() as conn:
-            await conn.exec_driver_sql(f"DROP USER IF EXISTS '{name}'@'%%'")
-        await root.dispose()
+    """A user allowed one connection at a time (MAX_USER_CONNECTIONS 1)."""
+    async with _user(db_url, create="WITH MAX_USER_CONNECTIONS 1") as url:
+        yield url
 
 
 async def test_a_refused_connection_falls_back_to_polling(
