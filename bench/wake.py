@@ -9,7 +9,7 @@ Per database, one table row:
   interpreter and connections), the worker idle in this one with the default settings
   (``poll_interval=1``). *warm*: 20 ms apart, as the shared harness sends them (the MySQL
   bell watch then looks every 10 ms); *cold*: 1.3 s apart (past its warm second: the watch
-  sleeps on the server until a ringer's KILL QUERY, what a long-idle worker does). *from
+  looks every 50 ms, what a long-idle worker does). *from
   another host*: the cold enqueues from a network namespace of its own on a bridge, reaching
   the server over that link through a forwarder process (tests/netkit.py; needs root and
   ``ip``, else —).
@@ -23,10 +23,9 @@ Per database, one table row:
   claim1 + finalize1 loop of ``/work/shared/bench-sqlite-mariadb`` (SQLite at
   ``synchronous=FULL``, as aiojobqueue runs it; MariaDB one client), alternated.
 * **bell cost** (MariaDB): single ``enqueue()`` calls per second with the bell rung and with
-  it silenced, alternated (one bell UPDATE per enqueue transaction; no worker: no KILL);
-  and, with an idle worker asleep in another process, the median time of one ``enqueue()``
-  0.6 s apart (each then also sends one KILL QUERY, and a look at the process list at most
-  once a second) rung vs silenced.
+  it silenced, alternated (one bell UPDATE per enqueue transaction, no worker); and, with an
+  idle worker in another process, the median time of one ``enqueue()`` 0.6 s apart, rung vs
+  silenced.
 
 ``--parts`` runs only some columns (``wake,host,next,idle,c1,bell``): an A/B of two trees runs
 this file under each tree's PYTHONPATH in turn (the producers import the same tree).
@@ -438,8 +437,8 @@ asyncio.run(main(sys.argv[1], sys.argv[2]))
 
 
 async def enqueue_ms_watched(t: Target, n: int, gap: float, bell: bool) -> float:
-    """Median ms of one enqueue(), ``gap`` s apart, an idle worker sleeping in another
-    process (it runs each job: every enqueue finds it asleep again)."""
+    """Median ms of one enqueue(), ``gap`` s apart, an idle worker in another process (it
+    runs each job: every enqueue finds it idle again)."""
     import aiojobqueue.dialects.mysql as my
 
     url, prefix = t.fresh()
@@ -453,7 +452,7 @@ async def enqueue_ms_watched(t: Target, n: int, gap: float, bell: bool) -> float
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-c", IDLE_WORKER, url, prefix, env=env, cwd=ROOT)
             try:
-                await asyncio.sleep(3.0)  # up, idle, past its grace: asleep
+                await asyncio.sleep(3.0)  # up and idle
                 for _ in range(5):
                     await q.enqueue("t", {"ts": 0})
                 for _ in range(n):
@@ -543,9 +542,9 @@ async def main() -> None:
                 won.append(await enqueue_ms_watched(t, 20, 0.6, True))
                 woff.append(await enqueue_ms_watched(t, 20, 0.6, False))
             notes.append(
-                f"MariaDB bell cost with an idle worker asleep in another process: one "
-                f"enqueue() 0.6 s apart {statistics.median(won):.2f} ms rung (UPDATE, KILL "
-                f"QUERY) vs {statistics.median(woff):.2f} ms silenced (pairs on/off: "
+                f"MariaDB bell cost with an idle worker in another process: one "
+                f"enqueue() 0.6 s apart {statistics.median(won):.2f} ms rung (the bell's "
+                f"UPDATE) vs {statistics.median(woff):.2f} ms silenced (pairs on/off: "
                 + ", ".join(f"{a:.2f}/{b:.2f}" for a, b in zip(won, woff, strict=True))
                 + f"): **{statistics.median(won) / statistics.median(woff):.2f}**")
     head = ["database", "wake warm p50 / p99 ms", "wake cold p50 / p99 ms",
