@@ -14,7 +14,7 @@ from .. import schema as S
 from ..limits import RateLimit
 from ..policy import GroupDemand, fair_share
 from ..sql import in_state
-from ..timeutil import UTCDateTime, as_utc, db_now, utcnow_plus
+from ..timeutil import UTCDateTime, as_utc, db_now
 from . import views as V
 from .reader import Reader, first_row, min_cap
 from .views import (
@@ -192,15 +192,13 @@ class OverviewReads(Reader):
         return out
 
     async def _rate_gauges(self, conn: AsyncConnection) -> list[Gauge]:
-        R = self.t.rate
         out = []
         for lim in self.q.limits:
             if not isinstance(lim, RateLimit):
                 out.append(Gauge(type(lim).__name__, 0, None, "a custom limit (in-process)"))
                 continue
-            used = await conn.scalar(select(func.coalesce(func.sum(R.c.starts), 0)).where(
-                R.c.name == lim.name, R.c.at > utcnow_plus(-lim.per)))
-            out.append(Gauge(f"rate {lim.name}", int(used or 0), lim.n,
+            used = await lim.used(conn, self.t)  # the claim's own count of the window
+            out.append(Gauge(f"rate {lim.name}", used, lim.n,
                              f"starts in the last {lim.per:g} s"))
         return out
 
