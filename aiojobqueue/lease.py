@@ -164,8 +164,16 @@ class ReturningLease:
         for gs, ns in _chunks(plan):
             stmt, bind = _many_stmt(self.db, len(gs), types, self.lease, True)
             rows += (await conn.execute(stmt, bind(gs, ns))).all()
-        taken += rows
-        return _per_group(r[4] for r in rows)
+        # A locking pick does not skip the rows its own transaction locked: drop what an
+        # earlier pick of this claim took (and count only what is new)
+        seen = {r[0] for r in taken}
+        fresh = []
+        for r in rows:
+            if r[0] not in seen:
+                seen.add(r[0])
+                fresh.append(r)
+        taken += fresh
+        return _per_group(r[4] for r in fresh)
 
     async def leased(self, conn: AsyncConnection, taken: list[Any]) -> list[Any]:
         """The leased rows (claim_columns()) once every group was picked."""
@@ -217,8 +225,16 @@ class PickThenLease:
         for gs, ns in _chunks(plan):
             stmt, bind = _many_stmt(self.db, len(gs), types, None, False)
             rows += (await conn.execute(stmt, bind(gs, ns))).all()
-        taken += rows
-        return _per_group(r[4] for r in rows)
+        # A locking pick does not skip the rows its own transaction locked: drop what an
+        # earlier pick of this claim took (and count only what is new)
+        seen = {r[0] for r in taken}
+        fresh = []
+        for r in rows:
+            if r[0] not in seen:
+                seen.add(r[0])
+                fresh.append(r)
+        taken += fresh
+        return _per_group(r[4] for r in fresh)
 
     async def leased(self, conn: AsyncConnection, taken: list[Any]) -> list[Any]:
         if not taken:
