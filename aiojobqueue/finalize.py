@@ -207,13 +207,17 @@ class Finalizer:
         ids = sorted({o.job_id for o in outcomes})
         # parent_id comes with the lock (it never changes), so settle() need not look it up.
         # Dependents are NOT read here: an edge committed while we waited for the row lock
-        # would be invisible to this statement's snapshot (PostgreSQL, READ COMMITTED).
+        # would be invisible to this statement's snapshot (PostgreSQL, READ COMMITTED). The
+        # row's own has_dependents is (a locking read returns the row's newest version, and
+        # an edge sets it under this row's lock): where it is false, settle() skips the
+        # look-up of dependents.
         stmts = self.db.stmts
         lock = stmts.get("finish.lock")
         if lock is None:
             lock = stmts["finish.lock"] = self.db.ops.for_update(
                 select(J.c.id, J.c.attempts, J.c.lease_owner, J.c.attempt_limit,
-                       J.c.cancel_requested, J.c.cancelled_by, J.c.parent_id)
+                       J.c.cancel_requested, J.c.cancelled_by, J.c.parent_id,
+                       J.c.has_dependents)
                 .where(self.db.ops.in_ids_param(J.c.id, "ids"), J.c.state == lit(S.RUNNING))
                 .order_by(J.c.id)
             )
@@ -222,6 +226,8 @@ class Finalizer:
                 o = by_key.get((r.id, r.attempts))
                 if o is not None and r.lease_owner == o.owner:
                     held[r.id] = r
+                    if not r.has_dependents:
+                        leaves.add(r.id)
         applied = [o for o in outcomes if o.job_id in held and held[o.job_id].attempts == o.attempt]
         released = False
         done_rows = []

@@ -164,8 +164,16 @@ class ReturningLease:
         for gs, ns in _chunks(plan):
             stmt, bind = _many_stmt(self.db, len(gs), types, self.lease, True)
             rows += (await conn.execute(stmt, bind(gs, ns))).all()
-        taken += rows
-        return _per_group(r[4] for r in rows)
+        # A locking pick does not skip the rows its own transaction locked: drop what an
+        # earlier pick of this claim took (and count only what is new)
+        seen = {r[0] for r in taken}
+        fresh = []
+        for r in rows:
+            if r[0] not in seen:
+                seen.add(r[0])
+                fresh.append(r)
+        taken += fresh
+        return _per_group(r[4] for r in fresh)
 
     async def leased(self, conn: AsyncConnection, taken: list[Any]) -> list[Any]:
         """The leased rows (claim_columns()) once every group was picked."""
@@ -173,8 +181,10 @@ class ReturningLease:
 
 
 class PickThenLease:
-    """Without UPDATE ... RETURNING: each group's pick locks ids (SKIP LOCKED); one UPDATE
-    leases them all at the end and one SELECT reads their rows back."""
+    """Without UPDATE ... RETURNING: each group's pick locks its rows (SKIP LOCKED) and
+    reads what the claim returns (claim_columns()) as it does; one UPDATE leases them all at
+    the end. The rows are this claim's until commit, and the lease changes nothing they
+    carry but ``attempts`` (+ 1): no SELECT reads them back."""
 
     def __init__(self, db: Database, settings: Settings) -> None:
         self.db = db
@@ -189,40 +199,25 @@ class PickThenLease:
                     J.c.type.in_(types)]
             if skip:  # the ids this claim already picked (its locks would not skip them)
                 cond.append(J.c.id.not_in(bindparam("taken", expanding=True)))
-            return db.ops.skip_locked(select(J.c.id).where(*cond)
+            return db.ops.skip_locked(select(*claim_columns(db.t)).where(*cond)
                                       .order_by(J.c.priority.desc(), J.c.id)
                                       .limit(bindparam("n", type_=Integer())))
 
         skip = bool(taken)
-        stmt = db.stmt(("pickids", tuple(types), skip), lambda: build(skip))
+        stmt = db.stmt(("pickrows", tuple(types), skip), lambda: build(skip))
         bind: dict[str, Any] = {"g": g, "n": n}
         if skip:
-            bind["taken"] = list(taken)
-        picked = [r[0] for r in await conn.execute(stmt, bind)]
+            bind["taken"] = [r[0] for r in taken]
+        picked = (await conn.execute(stmt, bind)).all()
         taken += picked
         return len(picked)
 
     async def take(self, conn: AsyncConnection, g: str, n: int, types: list[str]
                    ) -> list[Any]:
-        """Lease up to ``n`` of ``g``'s best ready jobs: their rows (claim_columns()), read
-        by the locking pick itself (the rows are ours until commit: the lease's UPDATE
-        changes nothing the row carries but ``attempts``, + 1), one round trip less."""
-        db = self.db
-        J = db.t.jobs
-        key = ("take", tuple(types))
-        pick = db.stmts.get(key)
-        if pick is None:
-            pick = db.stmts[key] = db.ops.skip_locked(
-                select(*claim_columns(db.t))
-                .where(J.c.state == lit(S.READY), J.c.group_key == bindparam("g"),
-                       J.c.type.in_(types))
-                .order_by(J.c.priority.desc(), J.c.id)
-                .limit(bindparam("n", type_=Integer())))
-        rows = (await conn.execute(pick, {"g": g, "n": n})).all()
-        if not rows:
-            return []
-        await conn.execute(self._lease_stmt(), {"ids": sorted(r[0] for r in rows)})
-        return [(*r[:3], r[3] + 1, *r[4:]) for r in rows]
+        """Lease up to ``n`` of ``g``'s best ready jobs: their rows (claim_columns())."""
+        taken: list[Any] = []
+        await self.pick(conn, g, n, types, taken)
+        return await self.leased(conn, taken)
 
     async def pick_many(self, conn: AsyncConnection, plan: dict[str, int], types: list[str],
                         taken: list[Any]) -> dict[str, int]:
@@ -230,18 +225,22 @@ class PickThenLease:
         for gs, ns in _chunks(plan):
             stmt, bind = _many_stmt(self.db, len(gs), types, None, False)
             rows += (await conn.execute(stmt, bind(gs, ns))).all()
-        taken += [r[0] for r in rows]
-        return _per_group(r[1] for r in rows)
+        # A locking pick does not skip the rows its own transaction locked: drop what an
+        # earlier pick of this claim took (and count only what is new)
+        seen = {r[0] for r in taken}
+        fresh = []
+        for r in rows:
+            if r[0] not in seen:
+                seen.add(r[0])
+                fresh.append(r)
+        taken += fresh
+        return _per_group(r[4] for r in fresh)
 
     async def leased(self, conn: AsyncConnection, taken: list[Any]) -> list[Any]:
         if not taken:
             return []
-        db, J = self.db, self.db.t.jobs
-        rows = db.stmt("lease.rows", lambda: select(*claim_columns(db.t)).where(
-            db.ops.in_ids_param(J.c.id, "ids")))
-        ids = {"ids": sorted(taken)}
-        await conn.execute(self._lease_stmt(), ids)
-        return list((await conn.execute(rows, ids)).all())
+        await conn.execute(self._lease_stmt(), {"ids": sorted(r[0] for r in taken)})
+        return [(*r[:3], r[3] + 1, *r[4:]) for r in taken]
 
     def _lease_stmt(self) -> Any:
         """The UPDATE leasing the jobs ``:ids`` (built once)."""
@@ -274,17 +273,19 @@ def _per_group(keys: Any) -> dict[str, int]:
 def _many_stmt(db: Database, k: int, types: list[str], lease: dict[str, Any] | None,
                returning: bool) -> tuple[Any, Any]:
     """The pick of ``k`` groups' best jobs as one statement (DialectOps.pick_groups): with
-    ``returning``, the UPDATE that leases them RETURNING claim_columns(); else the SELECT of
-    (id, group_key) that locks them. Built once per (k, types) where the dialect's form
-    depends on k, once per types where not."""
+    ``returning``, the UPDATE that leases them RETURNING claim_columns(); else the SELECT
+    that locks them and reads their claim_columns(). Built once per (k, types) where the
+    dialect's form depends on k, once per types where not."""
     key = ("pickmany", tuple(types), k, returning)
     got = db.stmts.get(key)
     if got is not None:
         return got  # type: ignore[no-any-return]
     J = db.t.jobs
 
+    cols = (J.c.id, J.c.group_key) if returning else claim_columns(db.t)
+
     def pick(group: Any, n: Any) -> Select[Any]:
-        return (select(J.c.id, J.c.group_key)
+        return (select(*cols)
                 .where(J.c.state == lit(S.READY), J.c.group_key == group, J.c.type.in_(types))
                 .order_by(J.c.priority.desc(), J.c.id)
                 .limit(n))

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from conftest import eventually
 from sqlalchemy import func, select
+from stmtkit import count_statements
 
 from aiojobqueue import JobQueue
 
@@ -136,3 +137,33 @@ async def test_statements_stay_off_the_event_path_after_a_wake(
             b.add("t", {}, depends_on=[head])
         after = {name: len(getattr(engine.dispatch, name)) for name in before}
         assert after == before
+
+
+async def test_a_drain_reads_each_leased_row_once_and_no_dependents_of_leaves(
+        make_queue: Callable[..., JobQueue]) -> None:
+    """Per round, the statements a drain sends: a claim reads its jobs' rows as it leases
+    them (RETURNING, or the locking pick itself where there is none: no SELECT reads them
+    back after the UPDATE), and a finalize of jobs no edge waits on (here with a result, the
+    locking path) looks up no dependents: the locked row's has_dependents says so. A job
+    that does have a dependent still releases it."""
+    q = make_queue(capacity=4)
+    async with q:
+        @q.handler("t")
+        async def t(ctx: Any, i: int) -> int:
+            return i
+
+        async with q.batch() as b:
+            refs = [b.add("t", {"i": i}) for i in range(40)]
+        with count_statements(q) as stmts:
+            await q.run_until_idle()
+        deps = q._t.deps.name
+        reads = [s for s in stmts if s.lstrip().upper().startswith("SELECT") and ".args" in s]
+        assert all("FOR UPDATE" in s.upper() for s in reads), reads
+        assert not [s for s in stmts if f"FROM {deps}" in s], stmts
+        assert [await q.wait(r.id) for r in refs] == list(range(40))
+
+        async with q.batch() as b:
+            head = b.add("t", {"i": 1})
+            tail = b.add("t", {"i": 2}, depends_on=[head])
+        await q.run_until_idle()
+        assert await q.wait(tail.id) == 2
