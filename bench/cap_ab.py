@@ -14,7 +14,9 @@ so each ratio compares the same minutes. ``turnover``: bench/fairshare.py's ``tu
 (3 worker processes sharing ``concurrency=8``, 50 ms jobs, interval logs), trees
 alternated. Each drain runs in a child process with ``PYTHONPATH`` set to its tree.
 Prints one table: per database, C and tree, the median capped / uncapped ratio (per-rep
-ratios in brackets) and the median uncapped rate; then the turnover rows (busy share of
+ratios in brackets), the median rates, and round trips per job (statements, BEGINs and
+COMMITs a drain sends, counted in one more drain per tree, variant and C, kept out of the
+timed ones: a figure the machine's load does not move); then the turnover rows (busy share of
 the 8 slots, end-to-next-start p50 / p99, most seen running at once).
 """
 
@@ -61,12 +63,45 @@ def child(tree: str, kind: str, db: str, n: int, c: int) -> dict[str, Any]:
         busy, med, p99, peak = F.turnover(db, tmp, n, conc=c)
         return {"busy": busy, "p50": med, "p99": p99, "peak": peak,
                 "tree": aiojobqueue.__file__}
+    counted: list[int] | None = None
+    if kind.endswith(":count"):
+        kind = kind.removesuffix(":count")
+        counted = count_trips()
     opts: dict[str, Any] = {"capacity": c}
     if kind == "concurrency":
         opts["concurrency"] = c
     elif kind == "group_limits":
         opts["group_cap"] = c
-    return {"rate": asyncio.run(F.drain(db, tmp, n, 1, **opts)), "tree": aiojobqueue.__file__}
+    rate = asyncio.run(F.drain(db, tmp, n, 1, **opts))
+    trips = None if counted is None else counted[0] / n
+    return {"rate": rate, "trips": trips, "tree": aiojobqueue.__file__}
+
+
+def count_trips() -> list[int]:
+    """Counts, from here on, what every queue's drain sends: each statement, BEGIN and
+    COMMIT (an executemany counts one), in [0]."""
+    from sqlalchemy import event
+
+    from aiojobqueue import JobQueue
+
+    seen = [0]
+    run = JobQueue.run_until_idle
+
+    def bump(*_: Any) -> None:
+        seen[0] += 1
+
+    async def counting(self: JobQueue) -> None:
+        engine = self.engine.sync_engine
+        for name in ("before_cursor_execute", "begin", "commit"):
+            event.listen(engine, name, bump)
+        try:
+            await run(self)
+        finally:
+            for name in ("before_cursor_execute", "begin", "commit"):
+                event.remove(engine, name, bump)
+
+    JobQueue.run_until_idle = counting  # type: ignore[method-assign]
+    return seen
 
 
 def run(tree: str, kind: str, db: str, n: int, c: int) -> dict[str, Any]:
@@ -113,14 +148,17 @@ def main() -> None:
                     for v in order:
                         r = run(trees[name], v, db, a.n, c)["rate"]
                         got.setdefault((name, v), []).append(r)
+            trips = {(name, v): run(trees[name], v + ":count", db, a.n, c)["trips"]
+                     for name in ("old", "new") for v in VARIANTS}
             for name in ("old", "new"):
                 unc = got[name, "uncapped"]
                 print(f"| {db} | C={c} uncapped | {name} | {statistics.median(unc):,.0f} "
-                      "jobs/s | |", flush=True)
+                      f"jobs/s; {trips[name, 'uncapped']:.2f} trips/job | |", flush=True)
                 for v in VARIANTS[1:]:
                     ratios = [x / y for x, y in zip(got[name, v], unc, strict=True)]
                     print(f"| {db} | C={c} {v}={c} | {name} | "
-                          f"{statistics.median(got[name, v]):,.0f} jobs/s | "
+                          f"{statistics.median(got[name, v]):,.0f} jobs/s; "
+                          f"{trips[name, v]:.2f} trips/job | "
                           f"**{statistics.median(ratios):.2f}** "
                           f"[{', '.join(f'{x:.2f}' for x in ratios)}] |", flush=True)
         if "turnover" in only:
