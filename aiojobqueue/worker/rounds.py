@@ -171,17 +171,19 @@ class ParallelRound:
 
     def counts(self, batch: list[Outcome]) -> bool:
         """Whether ``batch`` may be written by finish_counted: the database returns no rows
-        from an UPDATE (MySQL, MariaDB) and every outcome is a fast success."""
-        fin = self.core.finalizer
+        from an UPDATE (MySQL, MariaDB) and every outcome is a success (with or without a
+        result) of a job leased with no parent and no dependents."""
+        fin, alone = self.core.finalizer, self.state.alone
         return (bool(batch) and not fin.settler.path.returns_rows
-                and len(self.fast(batch)) == len(batch))
+                and all(o.kind == "done" and alone(o.job_id, o.attempt) for o in batch))
 
     async def finalize(self, batch: list[Outcome], ask: LeaseAsk | None = None) -> list[Outcome]:
         """Write ``batch`` in one transaction; returns the outcomes that took effect. Not
         retried (retries=0: a retry would hide a commit whose answer was lost); a failure
         leaves the whole batch to be written again, and outcomes that did commit are then
-        recognised as such (see outcomes.py). Fast successes on MySQL/MariaDB: one counted
-        UPDATE (finish_counted), or, where it falls short, rolled back and written again."""
+        recognised as such (see outcomes.py). Successes of independent jobs on MySQL/MariaDB:
+        one counted UPDATE (finish_counted), or, where it falls short, rolled back and
+        written again."""
         fin, db = self.core.finalizer, self.core.db
         if self.counts(batch):
             with contextlib.suppress(Recount):

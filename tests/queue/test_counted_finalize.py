@@ -56,6 +56,36 @@ async def test_independent_jobs_finish_by_one_counted_update(
 
 
 @MARIADB
+async def test_results_are_stored_by_the_counted_update(
+    make_queue: Callable[..., JobQueue],
+) -> None:
+    """Jobs returning a result (every other one None): one UPDATE per round stores them all
+    (no UPDATE per job), each its own, and None as SQL NULL, as the general path does."""
+    q = make_queue(capacity=8, concurrency=8)
+
+    @q.handler("t")
+    async def t(ctx: Any, i: int) -> Any:
+        return {"i": i, "s": "x" * i} if i % 2 else None
+
+    async with q:
+        async with q.batch() as b:
+            refs = [b.add("t", {"i": i}) for i in range(24)]
+        with count_statements(q) as seen:
+            await q.run_until_idle()
+        for i, ref in enumerate(refs):
+            job = await q.get(ref.id)
+            assert job.state == "done"
+            assert job.result == ({"i": i, "s": "x" * i} if i % 2 else None)
+        J = q._t.jobs
+        null = await q._read(lambda conn: _scalar(conn, select(func.count()).select_from(J)
+                                                  .where(J.c.result.is_(None))))
+        assert null == 12  # SQL NULL, not JSON null
+        per_job = [s for s in seen if s.startswith(f"UPDATE {J.name}") and "result" in s
+                   and "WHERE" in s and " IN " not in s]
+        assert not per_job, "a result written by an UPDATE of its own"
+
+
+@MARIADB
 async def test_a_fenced_out_outcome_rolls_the_counted_try_back(
     make_queue: Callable[..., JobQueue],
 ) -> None:
