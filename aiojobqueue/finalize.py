@@ -91,7 +91,6 @@ class Recount(Exception):
     be rolled back whole and the batch written by finish_detailed."""
 
 
-
 class Finalizer:
     """Writes outcomes: the general fenced finalize (finish_detailed) and its one-statement
     and one-call shortcuts."""
@@ -158,8 +157,8 @@ class Finalizer:
         no look-up of dependents, no UPDATE per result: one statement instead of three or
         more). Where any did not (an edge added since, an attempt fenced out), a count
         cannot say which rows changed: raises Recount, and the caller rolls the transaction
-        back and writes the batch by finish_detailed. (The UPDATE
-        that waited for a row lock matches the row as committed, as finish_fast's does.)"""
+        back and writes the batch by finish_detailed. (The UPDATE that waited for a row
+        lock matches the row as committed, as finish_fast's does.)"""
         db = self.db
         for (a, owner), group in _by_attempt(outcomes):
             for i in range(0, len(group), CHUNK):
