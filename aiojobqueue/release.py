@@ -126,6 +126,9 @@ class ReturningWrites:
     """Finalize and release by UPDATE ... RETURNING: what the next step needs comes back
     with the change (PostgreSQL, SQLite)."""
 
+    #: plain successes come back from their UPDATE (else: Finalizer.finish_counted)
+    returns_rows = True
+
     def __init__(self, db: Database, release_call: Any = None) -> None:
         self.db = db
         #: the release routine's call where installed (the same statement, planned safely)
@@ -159,6 +162,8 @@ class ReturningWrites:
 class LockedWrites:
     """Finalize and release without UPDATE ... RETURNING: lock the rows, read, update
     (MySQL, MariaDB)."""
+
+    returns_rows = False
 
     def __init__(self, db: Database, release_call: Any = None) -> None:
         self.db = db

@@ -32,7 +32,7 @@ from typing import Any
 
 from ..claim import Claimed, LeaseAsk
 from ..core import Core
-from ..finalize import Outcome
+from ..finalize import Outcome, Recount
 from ..logs import brief
 from .outcomes import Outcomes
 from .report import log
@@ -163,13 +163,33 @@ class ParallelRound:
         state.buffer.extend((c, t0) for c in got)
         return got
 
+    def fast(self, batch: list[Outcome]) -> list[Outcome]:
+        """Successes without a result of jobs nothing waits on (finalize.finish_fast)."""
+        alone = self.state.alone
+        return [o for o in batch if o.kind == "done" and o.result is None
+                and alone(o.job_id, o.attempt)]
+
+    def counts(self, batch: list[Outcome]) -> bool:
+        """Whether ``batch`` may be written by finish_counted: the database returns no rows
+        from an UPDATE (MySQL, MariaDB) and every outcome is a success (with or without a
+        result) of a job leased with no parent and no dependents."""
+        fin, alone = self.core.finalizer, self.state.alone
+        return (bool(batch) and not fin.settler.path.returns_rows
+                and all(o.kind == "done" and alone(o.job_id, o.attempt) for o in batch))
+
     async def finalize(self, batch: list[Outcome], ask: LeaseAsk | None = None) -> list[Outcome]:
         """Write ``batch`` in one transaction; returns the outcomes that took effect. Not
         retried (retries=0: a retry would hide a commit whose answer was lost); a failure
         leaves the whole batch to be written again, and outcomes that did commit are then
-        recognised as such (see outcomes.py)."""
-        fin = self.core.finalizer
-        return await self.core.db.write(lambda conn: fin.finish_detailed(conn, batch), retries=0)
+        recognised as such (see outcomes.py). Successes of independent jobs on MySQL/MariaDB:
+        one counted UPDATE (finish_counted), or, where it falls short, rolled back and
+        written again."""
+        fin, db = self.core.finalizer, self.core.db
+        if self.counts(batch):
+            with contextlib.suppress(Recount):
+                await db.write(lambda conn: fin.finish_counted(conn, batch), retries=0)
+                return list(batch)
+        return await db.write(lambda conn: fin.finish_detailed(conn, batch), retries=0)
 
     async def capped(self, batch: list[Outcome], want: int, types: list[str],
                      quick: bool) -> tuple[bool, list[Claimed]]:
@@ -193,8 +213,14 @@ class ParallelRound:
         taken: list[Claimed] = []
         capped = core.settings.needs_gate
 
+        counted = [self.counts(batch)]
+
         async def both(conn: Any) -> list[Outcome]:
-            applied = await core.finalizer.finish_detailed(conn, batch)
+            if counted[0]:  # one UPDATE for the whole finalize, or Recount (rolled back)
+                await core.finalizer.finish_counted(conn, batch)
+                applied = list(batch)
+            else:
+                applied = await core.finalizer.finish_detailed(conn, batch)
             # every applied outcome took its job out of `running`: by group, the slots freed
             # (only a counted cap asks; uncapped rounds skip the per-job count)
             freed: dict[str, int] = {}
@@ -211,8 +237,13 @@ class ParallelRound:
             # another worker's in a deadlock: the database refused it whole, so it runs
             # again (a failed round would leave the slots its batch holds idle for a
             # back-off). Uncapped (SQLite), as any finalize: not retried.
-            applied = await (core.db.write_refused_again(both) if capped
-                             else core.db.write(both, retries=0))
+            write = (partial(core.db.write_refused_again, both) if capped
+                     else partial(core.db.write, both, retries=0))
+            try:
+                applied = await write()
+            except Recount:  # a row did not match: the general finalize, from the start
+                counted[0] = False
+                applied = await write()
         finally:
             state.claiming = False
         state.buffer.extend((c, t0) for c in taken)
@@ -264,12 +295,6 @@ class AutocommitRound(ParallelRound):
         # limit counted: atomic by itself.
         s, db = self.core.settings, self.core.db
         return db.autocommit if not s.needs_gate and not s.db_limits else db.write
-
-    def fast(self, batch: list[Outcome]) -> list[Outcome]:
-        """Successes without a result of jobs nothing waits on (finalize.finish_fast)."""
-        alone = self.state.alone
-        return [o for o in batch if o.kind == "done" and o.result is None
-                and alone(o.job_id, o.attempt)]
 
     async def finalize(self, batch: list[Outcome], ask: LeaseAsk | None = None,
                        fast: list[Outcome] | None = None) -> list[Outcome]:
