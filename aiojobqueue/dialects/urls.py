@@ -26,6 +26,7 @@ def dialect_for(engine: AsyncEngine, tables: Tables,
     if cls is not None:
         ops = cls(tables)
         ops.listen_url = listen_url
+        ops.driver = engine.dialect.driver
         return ops
     from ..errors import UnsupportedDatabaseError
 
