@@ -3,6 +3,9 @@
     /work/venv/bin/python bench/scale.py [--jobs 4000] [--concurrency 64] [--ms 10]
         [--procs 1,2,4,8] [--dbs postgresql,pgbouncer,mariadb] [--gate] [--pool 4]
 
+A database name may carry a driver: ``pgbouncer+psycopg`` (``postgresql+psycopg://``
+through PgBouncer), ``postgresql+psycopg`` (directly); without one PostgreSQL runs on asyncpg.
+
 For each database and process count P: P worker processes of capacity C/P (``serve()``,
 the defaults a user gets except ``poll_interval=0.2``), idle and ready; then one batch of
 ``--jobs`` jobs (each sleeps ``--ms``) in one transaction, and the drain timed from the
@@ -261,15 +264,18 @@ async def main(args: argparse.Namespace) -> None:
     procs = [int(p) for p in args.procs.split(",")]
     dbs = args.dbs.split(",")
     bouncer = None
-    if "pgbouncer" in dbs:
+    if any(d.startswith("pgbouncer") for d in dbs):
         bouncer = PgBouncer(PG, pool_size=args.pool)
         bouncer.start()
     results: list[dict[str, Any]] = []
     try:
         for db in dbs:
-            url = {"postgresql": PG, "mariadb": MY}.get(db) or (bouncer.url if bouncer else "")
+            base, _, driver = db.partition("+")  # "pgbouncer+psycopg": that driver
+            url = {"postgresql": PG, "mariadb": MY}.get(base) or (bouncer.url if bouncer else "")
+            if driver:
+                url = url.replace("+asyncpg", "+" + driver)
             for p in procs:
-                r = await one_run(db, url, p, args, PG if db == "pgbouncer" else "")
+                r = await one_run(db, url, p, args, PG if base == "pgbouncer" else "")
                 results.append(r)
                 print(f"  {db} x{p}: {r['rate']:.0f} jobs/s", file=sys.stderr, flush=True)
     finally:
@@ -281,7 +287,7 @@ async def main(args: argparse.Namespace) -> None:
           f"{'global cap ' + str(args.concurrency) if args.gate else 'no global cap'}, "
           f"PgBouncer default_pool_size {args.pool}, "
           f"{os.cpu_count()} CPUs")
-    head = (f"{'database':<11} {'procs':>5} {'cap':>4} {'jobs/s':>7} {'vs x1':>6} "
+    head = (f"{'database':<17} {'procs':>5} {'cap':>4} {'jobs/s':>7} {'vs x1':>6} "
             f"{'vs direct':>9} {'claim p50':>9} {'p99':>7} {'cpu/job':>7} {'commits/job':>11} "
             f"{'lock waits':>10}  top server states")
     print(head)
@@ -289,11 +295,11 @@ async def main(args: argparse.Namespace) -> None:
     for r in results:
         vs1 = r["rate"] / base[r["db"]]
         vsd = (f"{r['rate'] / direct[r['procs']]:.2f}"
-               if r["db"] == "pgbouncer" and r["procs"] in direct else "")
+               if r["db"].startswith("pgbouncer") and r["procs"] in direct else "")
         waits = f"{r['lock_waits']}/{r['samples']}"
         if r["db"] == "mariadb":
             waits += f" +{r['row_lock_waits']}"
-        print(f"{r['db']:<11} {r['procs']:>5} {r['cap']:>4} {r['rate']:>7.0f} {vs1:>6.2f} "
+        print(f"{r['db']:<17} {r['procs']:>5} {r['cap']:>4} {r['rate']:>7.0f} {vs1:>6.2f} "
               f"{vsd:>9} {r['p50']:>7.1f}ms {r['p99']:>5.1f}ms {r['cpu_ms']:>5.2f}ms "
               f"{r['commits']:>11.2f} {waits:>10}  {r['top']}")
     print("cpu/job: CPU of all worker processes per job; commits/job: transactions the server "

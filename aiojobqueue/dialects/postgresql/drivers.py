@@ -13,6 +13,7 @@ the pooler's options and checks (pooler.py), the LISTEN link (listener.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -81,6 +82,12 @@ class ListenLink:
     async def stop(self) -> None:
         if not self.conn.is_closed():
             await self.conn.remove_listener(self.channel, self._notify)
+
+
+    async def close(self) -> None:
+        """Close the driver connection itself (one detached from SQLAlchemy's pool)."""
+        with contextlib.suppress(Exception):  # (already gone: nothing to close)
+            await self.conn.close()
 
 
 class PsycopgListenLink(ListenLink):

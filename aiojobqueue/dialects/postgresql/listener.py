@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
 from ..base import Listener, WakeCallback
-from .drivers import listen_link, pooled_args
+from .drivers import ListenLink, listen_link, pooled_args
 
 log = logging.getLogger("aiojobqueue.listener")
 
@@ -94,8 +94,10 @@ class PgListener(Listener):
         """Listen until the connection is lost (raises); False if notifications do not
         arrive on it. ``own``: the listen_url's engine, else None (the queue's engine)."""
         conn = await (own or self._engine).connect()
+        link: ListenLink | None = None
         try:
             raw = await conn.get_raw_connection()
+            driver_conn = raw.driver_connection  # (detach() forgets it)
             if own is None:
                 # out of the queue's pool at once (its slot reconnects when next needed):
                 # this connection stays LISTENing, and closing it below ends it
@@ -111,7 +113,7 @@ class PgListener(Listener):
                 else:
                     on_wake(payload)
 
-            link = listen_link(raw.driver_connection, self._channel, _on_notify)
+            link = listen_link(driver_conn, self._channel, _on_notify)
             await link.start()
             on_wake("")
             try:
@@ -137,4 +139,10 @@ class PgListener(Listener):
             finally:
                 await link.stop()
         finally:
-            await conn.close()
+            try:
+                await conn.close()
+            finally:
+                if own is None and link is not None:
+                    # detached: SQLAlchemy's close may leave the driver's connection open
+                    # (psycopg warns when it is collected so)
+                    await link.close()
