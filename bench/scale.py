@@ -177,8 +177,18 @@ class Sampler:
         return ", ".join(parts)
 
 
+def bouncer_stats(bouncer: Any) -> dict[str, int]:
+    """PgBouncer's SHOW STATS totals for the database ``test`` (queries, transactions, and
+    microseconds: in transactions, in queries, clients waiting for a server connection)."""
+    if bouncer is None:
+        return {}
+    row = next(r for r in bouncer.admin("SHOW STATS") if r["database"] == "test")
+    return {k: int(row[f"total_{k}"]) for k in
+            ("query_count", "xact_count", "xact_time", "query_time", "wait_time")}
+
+
 async def one_run(db: str, url: str, procs: int, args: argparse.Namespace,
-                  listen_url: str = "") -> dict[str, Any]:
+                  listen_url: str = "", bouncer: Any = None) -> dict[str, Any]:
     from sqlalchemy import func, select
 
     from aiojobqueue import JobQueue
@@ -204,6 +214,7 @@ async def one_run(db: str, url: str, procs: int, args: argparse.Namespace,
             stop = asyncio.Event()
             sampler = Sampler(db, prefix)
             sampling = asyncio.create_task(sampler.run(stop))
+            pb0 = bouncer_stats(bouncer)
             async with admin.batch() as b:
                 for _ in range(args.jobs):
                     b.add("work", {"ms": args.ms})
@@ -217,6 +228,7 @@ async def one_run(db: str, url: str, procs: int, args: argparse.Namespace,
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{left} jobs left after 600 s")
                 await asyncio.sleep(0.1)
+            pb = {k: v - pb0[k] for k, v in bouncer_stats(bouncer).items()}
             stop.set()
             await sampling
             fins = sorted(r[0] for r in await admin._read(lambda c: c.execute(
@@ -242,7 +254,8 @@ async def one_run(db: str, url: str, procs: int, args: argparse.Namespace,
             "p50": pct(claims, 0.5) * 1000, "p99": pct(claims, 0.99) * 1000,
             "claims": len(claims), "top": sampler.top(), "lock_waits": sampler.lock_waits,
             "samples": sampler.samples, "row_lock_waits": sampler.row_lock_waits,
-            "cpu_ms": 1000 * cpu / args.jobs, "commits": sampler.commits / args.jobs}
+            "cpu_ms": 1000 * cpu / args.jobs, "commits": sampler.commits / args.jobs,
+            "pb": pb}
 
 
 async def drop(url: str, prefix: str) -> None:
@@ -275,7 +288,9 @@ async def main(args: argparse.Namespace) -> None:
             if driver:
                 url = url.replace("+asyncpg", "+" + driver)
             for p in procs:
-                r = await one_run(db, url, p, args, PG if base == "pgbouncer" else "")
+                pooled = base == "pgbouncer"
+                r = await one_run(db, url, p, args, PG if pooled else "",
+                                  bouncer if pooled else None)
                 results.append(r)
                 print(f"  {db} x{p}: {r['rate']:.0f} jobs/s", file=sys.stderr, flush=True)
     finally:
@@ -306,6 +321,24 @@ async def main(args: argparse.Namespace) -> None:
           "committed per job (server-wide: other clients count too);\nlock waits: ungranted "
           "locks (PostgreSQL) / transactions in LOCK WAIT (MariaDB) summed over samples / "
           "samples; MariaDB +N: growth of Innodb_row_lock_waits")
+    pooled = [r for r in results if r["pb"]]
+    if pooled:
+        print("\nPgBouncer's own SHOW STATS over each drain (database test):")
+        head = (f"{'database':<17} {'procs':>5} {'xacts/job':>9} {'queries/job':>11} "
+                f"{'us/xact':>8} {'us/query':>8} {'query share':>11} {'client wait/job':>15}")
+        print(head)
+        print("-" * len(head))
+        for r in pooled:
+            pb, n = r["pb"], args.jobs
+            xacts, queries = max(pb["xact_count"], 1), max(pb["query_count"], 1)
+            print(f"{r['db']:<17} {r['procs']:>5} {pb['xact_count'] / n:>9.2f} "
+                  f"{pb['query_count'] / n:>11.2f} {pb['xact_time'] / xacts:>8.0f} "
+                  f"{pb['query_time'] / queries:>8.0f} "
+                  f"{pb['query_time'] / max(pb['xact_time'], 1):>11.2f} "
+                  f"{pb['wait_time'] / n / 1000:>13.2f}ms")
+        print("us/xact: a transaction's time on a server connection; query share: of it, the "
+              "time the server spent on queries (the rest: waiting on the client between "
+              "them); client wait: clients queueing for a server connection")
 
 
 if __name__ == "__main__":

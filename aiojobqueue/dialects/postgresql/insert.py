@@ -190,9 +190,13 @@ class PgInsert:
         return list(row[0])
 
     def _driver_sql(self, conn: AsyncConnection, sql: str, params: Any) -> tuple[str, Any]:
-        """The dialect's own SQL ($1 parameters, asyncpg's) for the connection's driver."""
+        """The dialect's own SQL ($1 parameters, asyncpg's) for the connection's driver
+        (SyncQueue's stand-in connection, syncbridge.SyncConnection, translates itself)."""
         driver = conn.dialect.driver
-        return (sql, params) if driver == "asyncpg" else self.sync_driver_sql(sql, params, driver)
+        if driver == "asyncpg" or not isinstance(conn, AsyncConnection):
+            return sql, params
+        done: tuple[str, Any] = self.sync_driver_sql(sql, params, driver)
+        return done
 
     async def insert_edges(
         self, conn: AsyncConnection, job_ids: list[int], up_ids: list[int]
