@@ -3,6 +3,9 @@
     /work/venv/bin/python bench/scale.py [--jobs 4000] [--concurrency 64] [--ms 10]
         [--procs 1,2,4,8] [--dbs postgresql,pgbouncer,mariadb] [--gate] [--pool 4]
 
+A database name may carry a driver: ``pgbouncer+psycopg`` (``postgresql+psycopg://``
+through PgBouncer), ``postgresql+psycopg`` (directly); without one PostgreSQL runs on asyncpg.
+
 For each database and process count P: P worker processes of capacity C/P (``serve()``,
 the defaults a user gets except ``poll_interval=0.2``), idle and ready; then one batch of
 ``--jobs`` jobs (each sleeps ``--ms``) in one transaction, and the drain timed from the
@@ -174,8 +177,18 @@ class Sampler:
         return ", ".join(parts)
 
 
+def bouncer_stats(bouncer: Any) -> dict[str, int]:
+    """PgBouncer's SHOW STATS totals for the database ``test`` (queries, transactions, and
+    microseconds: in transactions, in queries, clients waiting for a server connection)."""
+    if bouncer is None:
+        return {}
+    row = next(r for r in bouncer.admin("SHOW STATS") if r["database"] == "test")
+    return {k: int(row[f"total_{k}"]) for k in
+            ("query_count", "xact_count", "xact_time", "query_time", "wait_time")}
+
+
 async def one_run(db: str, url: str, procs: int, args: argparse.Namespace,
-                  listen_url: str = "") -> dict[str, Any]:
+                  listen_url: str = "", bouncer: Any = None) -> dict[str, Any]:
     from sqlalchemy import func, select
 
     from aiojobqueue import JobQueue
@@ -201,6 +214,7 @@ async def one_run(db: str, url: str, procs: int, args: argparse.Namespace,
             stop = asyncio.Event()
             sampler = Sampler(db, prefix)
             sampling = asyncio.create_task(sampler.run(stop))
+            pb0 = bouncer_stats(bouncer)
             async with admin.batch() as b:
                 for _ in range(args.jobs):
                     b.add("work", {"ms": args.ms})
@@ -214,6 +228,7 @@ async def one_run(db: str, url: str, procs: int, args: argparse.Namespace,
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{left} jobs left after 600 s")
                 await asyncio.sleep(0.1)
+            pb = {k: v - pb0[k] for k, v in bouncer_stats(bouncer).items()}
             stop.set()
             await sampling
             fins = sorted(r[0] for r in await admin._read(lambda c: c.execute(
@@ -239,7 +254,8 @@ async def one_run(db: str, url: str, procs: int, args: argparse.Namespace,
             "p50": pct(claims, 0.5) * 1000, "p99": pct(claims, 0.99) * 1000,
             "claims": len(claims), "top": sampler.top(), "lock_waits": sampler.lock_waits,
             "samples": sampler.samples, "row_lock_waits": sampler.row_lock_waits,
-            "cpu_ms": 1000 * cpu / args.jobs, "commits": sampler.commits / args.jobs}
+            "cpu_ms": 1000 * cpu / args.jobs, "commits": sampler.commits / args.jobs,
+            "pb": pb}
 
 
 async def drop(url: str, prefix: str) -> None:
@@ -261,15 +277,20 @@ async def main(args: argparse.Namespace) -> None:
     procs = [int(p) for p in args.procs.split(",")]
     dbs = args.dbs.split(",")
     bouncer = None
-    if "pgbouncer" in dbs:
+    if any(d.startswith("pgbouncer") for d in dbs):
         bouncer = PgBouncer(PG, pool_size=args.pool)
         bouncer.start()
     results: list[dict[str, Any]] = []
     try:
         for db in dbs:
-            url = {"postgresql": PG, "mariadb": MY}.get(db) or (bouncer.url if bouncer else "")
+            base, _, driver = db.partition("+")  # "pgbouncer+psycopg": that driver
+            url = {"postgresql": PG, "mariadb": MY}.get(base) or (bouncer.url if bouncer else "")
+            if driver:
+                url = url.replace("+asyncpg", "+" + driver)
             for p in procs:
-                r = await one_run(db, url, p, args, PG if db == "pgbouncer" else "")
+                pooled = base == "pgbouncer"
+                r = await one_run(db, url, p, args, PG if pooled else "",
+                                  bouncer if pooled else None)
                 results.append(r)
                 print(f"  {db} x{p}: {r['rate']:.0f} jobs/s", file=sys.stderr, flush=True)
     finally:
@@ -281,7 +302,7 @@ async def main(args: argparse.Namespace) -> None:
           f"{'global cap ' + str(args.concurrency) if args.gate else 'no global cap'}, "
           f"PgBouncer default_pool_size {args.pool}, "
           f"{os.cpu_count()} CPUs")
-    head = (f"{'database':<11} {'procs':>5} {'cap':>4} {'jobs/s':>7} {'vs x1':>6} "
+    head = (f"{'database':<17} {'procs':>5} {'cap':>4} {'jobs/s':>7} {'vs x1':>6} "
             f"{'vs direct':>9} {'claim p50':>9} {'p99':>7} {'cpu/job':>7} {'commits/job':>11} "
             f"{'lock waits':>10}  top server states")
     print(head)
@@ -289,17 +310,35 @@ async def main(args: argparse.Namespace) -> None:
     for r in results:
         vs1 = r["rate"] / base[r["db"]]
         vsd = (f"{r['rate'] / direct[r['procs']]:.2f}"
-               if r["db"] == "pgbouncer" and r["procs"] in direct else "")
+               if r["db"].startswith("pgbouncer") and r["procs"] in direct else "")
         waits = f"{r['lock_waits']}/{r['samples']}"
         if r["db"] == "mariadb":
             waits += f" +{r['row_lock_waits']}"
-        print(f"{r['db']:<11} {r['procs']:>5} {r['cap']:>4} {r['rate']:>7.0f} {vs1:>6.2f} "
+        print(f"{r['db']:<17} {r['procs']:>5} {r['cap']:>4} {r['rate']:>7.0f} {vs1:>6.2f} "
               f"{vsd:>9} {r['p50']:>7.1f}ms {r['p99']:>5.1f}ms {r['cpu_ms']:>5.2f}ms "
               f"{r['commits']:>11.2f} {waits:>10}  {r['top']}")
     print("cpu/job: CPU of all worker processes per job; commits/job: transactions the server "
           "committed per job (server-wide: other clients count too);\nlock waits: ungranted "
           "locks (PostgreSQL) / transactions in LOCK WAIT (MariaDB) summed over samples / "
           "samples; MariaDB +N: growth of Innodb_row_lock_waits")
+    pooled = [r for r in results if r["pb"]]
+    if pooled:
+        print("\nPgBouncer's own SHOW STATS over each drain (database test):")
+        head = (f"{'database':<17} {'procs':>5} {'xacts/job':>9} {'queries/job':>11} "
+                f"{'us/xact':>8} {'us/query':>8} {'query share':>11} {'client wait/job':>15}")
+        print(head)
+        print("-" * len(head))
+        for r in pooled:
+            pb, n = r["pb"], args.jobs
+            xacts, queries = max(pb["xact_count"], 1), max(pb["query_count"], 1)
+            print(f"{r['db']:<17} {r['procs']:>5} {pb['xact_count'] / n:>9.2f} "
+                  f"{pb['query_count'] / n:>11.2f} {pb['xact_time'] / xacts:>8.0f} "
+                  f"{pb['query_time'] / queries:>8.0f} "
+                  f"{pb['query_time'] / max(pb['xact_time'], 1):>11.2f} "
+                  f"{pb['wait_time'] / n / 1000:>13.2f}ms")
+        print("us/xact: a transaction's time on a server connection; query share: of it, the "
+              "time the server spent on queries (the rest: waiting on the client between "
+              "them); client wait: clients queueing for a server connection")
 
 
 if __name__ == "__main__":

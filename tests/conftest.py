@@ -30,6 +30,9 @@ DATABASES = ["sqlite", "postgresql", "mariadb"]
 #: pooling mode (db "pgbouncer", a server the session starts: tests/pgbouncer.py).
 PGBOUNCER_SUITES = {"test_semantics.py", "test_enqueue.py", "test_sched.py",
                     "test_pgbouncer.py", "test_connections.py"}
+#: Suites that also run with psycopg 3 (``postgresql+psycopg://``) through that PgBouncer
+#: (db "pgbouncer-psycopg": the driver deploying.md recommends behind a pooler).
+PSYCOPG_SUITES = {"test_semantics.py", "test_enqueue.py", "test_sched.py"}
 
 
 def _reachable(host: str, port: int) -> bool:
@@ -63,10 +66,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return [n.strip() for n in arg.split(",")] if isinstance(arg, str) else list(arg)
 
     marks = metafunc.definition.iter_markers("parametrize")
-    if ("db" in metafunc.fixturenames and metafunc.definition.path.name in PGBOUNCER_SUITES
+    suite = metafunc.definition.path.name
+    if ("db" in metafunc.fixturenames and suite in PGBOUNCER_SUITES
             and not any("db" in names(m) for m in marks)):
+        extra = ["pgbouncer", *(["pgbouncer-psycopg"] if suite in PSYCOPG_SUITES else [])]
         metafunc.definition.add_marker(
-            pytest.mark.parametrize("db", [*DATABASES, "pgbouncer"], indirect=True))
+            pytest.mark.parametrize("db", [*DATABASES, *extra], indirect=True))
 
 
 @pytest.fixture(scope="session")
@@ -106,6 +111,8 @@ def db_url(db: str, tmp_path: Any, request: pytest.FixtureRequest) -> str:
         return f"sqlite+aiosqlite:///{tmp_path}/jobs.db"
     if db == "pgbouncer":
         return str(request.getfixturevalue("pgbouncer").url)
+    if db == "pgbouncer-psycopg":
+        return str(request.getfixturevalue("pgbouncer").url).replace("+asyncpg", "+psycopg")
     return server_url(db)
 
 
@@ -147,7 +154,7 @@ async def make_queue(db_url: str, prefix: str, db: str
         await q.close()
     if not db_url.startswith("sqlite"):
         # behind PgBouncer: the same database, reached directly
-        await drop_tables(PG_URL if db == "pgbouncer" else db_url, prefix)
+        await drop_tables(PG_URL if db.startswith("pgbouncer") else db_url, prefix)
 
 
 @pytest_asyncio.fixture

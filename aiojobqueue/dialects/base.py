@@ -66,6 +66,9 @@ class DialectOps(InsertHooks, ABC):
     #: where the push listener connects (JobQueue(listen_url=), see parse_listen_url);
     #: None: the engine's own URL
     listen_url: URL | None = None
+    #: the SQLAlchemy driver name of the queue's engine (``asyncpg``, ``psycopg``, ...;
+    #: set by dialect_for)
+    driver: str = ""
 
     def __init__(self, tables: Tables) -> None:
         self.t = tables

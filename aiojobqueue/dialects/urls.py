@@ -26,6 +26,7 @@ def dialect_for(engine: AsyncEngine, tables: Tables,
     if cls is not None:
         ops = cls(tables)
         ops.listen_url = listen_url
+        ops.driver = engine.dialect.driver
         return ops
     from ..errors import UnsupportedDatabaseError
 
@@ -199,7 +200,8 @@ def async_url_of(url: str) -> str:
 
 
 #: The async drivers, and the extra that installs each (aiosqlite comes with the package).
-ASYNC_DRIVERS = {"asyncpg": "postgresql", "aiomysql": "mysql", "aiosqlite": ""}
+ASYNC_DRIVERS = {"asyncpg": "postgresql", "psycopg": "postgresql-psycopg", "aiomysql": "mysql",
+                 "aiosqlite": ""}
 
 
 def sqlite_file(url: str) -> Path | None:

@@ -185,17 +185,26 @@ class PgInsert:
         so encoding is per array, not per row. Ids are drawn from the sequence in input
         order (WITH ORDINALITY, the CTE materialized so nextval runs once per row) and
         handed back as one array."""
-        sql, params = self._bulk_statement(cols, wake)
+        sql, params = self._driver_sql(conn, *self._bulk_statement(cols, wake))
         row = (await conn.exec_driver_sql(sql, params)).one()
         return list(row[0])
+
+    def _driver_sql(self, conn: AsyncConnection, sql: str, params: Any) -> tuple[str, Any]:
+        """The dialect's own SQL ($1 parameters, asyncpg's) for the connection's driver
+        (SyncQueue's stand-in connection, syncbridge.SyncConnection, translates itself)."""
+        driver = conn.dialect.driver
+        if driver == "asyncpg" or not isinstance(conn, AsyncConnection):
+            return sql, params
+        done: tuple[str, Any] = self.sync_driver_sql(sql, params, driver)
+        return done
 
     async def insert_edges(
         self, conn: AsyncConnection, job_ids: list[int], up_ids: list[int]
     ) -> None:
         """All of a batch's edges in one statement: two arrays, unnested."""
-        await conn.exec_driver_sql(
-            f'INSERT INTO "{self.t.deps.name}" (job_id, depends_on_id) '
-            "SELECT * FROM unnest($1::bigint[], $2::bigint[])", (job_ids, up_ids))
+        await conn.exec_driver_sql(*self._driver_sql(
+            conn, f'INSERT INTO "{self.t.deps.name}" (job_id, depends_on_id) '
+            "SELECT * FROM unnest($1::bigint[], $2::bigint[])", (job_ids, up_ids)))
 
     @cached_property
     def _bulk_sql(self) -> dict[frozenset[str], str]:
@@ -246,9 +255,11 @@ FROM input"""
 
 
 class PgInsertPath(InsertPath):
-    """InsertPath with the lone enqueue in autocommit (PgInsert.insert_jobs_alone)."""
+    """InsertPath with the lone enqueue in autocommit (PgInsert.insert_jobs_alone) on
+    asyncpg; on psycopg a lone enqueue is a transaction like any other."""
 
     def __init__(self, ops: Any) -> None:
         super().__init__(ops)
-        self.alone = ops.insert_jobs_alone
+        if ops.driver != "psycopg":
+            self.alone = ops.insert_jobs_alone
         self.alone_sync = ops.insert_jobs_alone_sync

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.engine import URL
@@ -13,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
 from ..base import Listener, WakeCallback
-from .pooler import POOLED_CONNECT_ARGS
+from .drivers import ListenLink, listen_link, pooled_args
 
 log = logging.getLogger("aiojobqueue.listener")
 
@@ -57,8 +56,9 @@ class PgListener(Listener):
         if self._listen_url is not None:
             # its statements are the dialect's first-connect queries, LISTEN and SELECT 1:
             # no cache is worth keeping, and none may outlive its transaction behind a pooler
-            own = create_async_engine(self._listen_url, poolclass=NullPool,
-                                      connect_args=POOLED_CONNECT_ARGS)
+            own = create_async_engine(
+                self._listen_url, poolclass=NullPool,
+                connect_args=pooled_args(self._listen_url.get_driver_name()))
         delay = 0.1
         try:
             while True:
@@ -94,30 +94,27 @@ class PgListener(Listener):
         """Listen until the connection is lost (raises); False if notifications do not
         arrive on it. ``own``: the listen_url's engine, else None (the queue's engine)."""
         conn = await (own or self._engine).connect()
+        link: ListenLink | None = None
         try:
             raw = await conn.get_raw_connection()
-            apg: Any = raw.driver_connection
+            driver_conn = raw.driver_connection  # (detach() forgets it)
             if own is None:
                 # out of the queue's pool at once (its slot reconnects when next needed):
                 # this connection stays LISTENing, and closing it below ends it
                 raw.detach()
             loop = asyncio.get_running_loop()
-            lost, came = loop.create_future(), loop.create_future()
+            came = loop.create_future()
             probe = f"ajq-probe:{uuid.uuid4().hex}"
 
-            def _on_notify(_c: Any, _pid: int, _ch: str, payload: str) -> None:
+            def _on_notify(payload: str) -> None:
                 if payload == probe:
                     if not came.done():
                         came.set_result(None)
                 else:
                     on_wake(payload)
 
-            def _on_close(_c: Any) -> None:
-                if not lost.done():
-                    lost.set_result(None)
-
-            await apg.add_listener(self._channel, _on_notify)
-            apg.add_termination_listener(_on_close)
+            link = listen_link(driver_conn, self._channel, _on_notify)
+            await link.start()
             on_wake("")
             try:
                 if not await self._probe(came, probe):
@@ -130,16 +127,22 @@ class PgListener(Listener):
                             "JobQueue(listen_url=...) a direct connection to be woken at once",
                             self._url.render_as_string(hide_password=True), PROBE_WAIT)
                     return False
-                while not lost.done():
-                    # is_closed() alone misses a silently dead socket: probe it now and then.
+                while not link.lost.done():
+                    # a closed-connection callback alone misses a silently dead socket:
+                    # probe it now and then.
                     try:  # asyncio.timeout: 3.11's wait_for can swallow a cancellation
                         async with asyncio.timeout(30.0):
-                            await asyncio.shield(lost)
+                            await asyncio.shield(link.lost)
                     except TimeoutError:
-                        await apg.execute("SELECT 1")
+                        await link.ping()
                 raise ConnectionError("listener connection closed")
             finally:
-                if not apg.is_closed():
-                    await apg.remove_listener(self._channel, _on_notify)
+                await link.stop()
         finally:
-            await conn.close()
+            try:
+                await conn.close()
+            finally:
+                if own is None and link is not None:
+                    # detached: SQLAlchemy's close may leave the driver's connection open
+                    # (psycopg warns when it is collected so)
+                    await link.close()

@@ -17,38 +17,35 @@ from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 from sqlalchemy.pool import NullPool
 
 from ...errors import ConfigurationError
+from .drivers import ASYNCPG_POOLED, announced_pid, keeps_statements, pooled_args
 
-#: asyncpg options under a transaction pooler: SQLAlchemy's statement cache off (it would
-#: keep named statements across transactions) and asyncpg's too, which makes asyncpg prepare
-#: each statement unnamed: Parse/Describe/Flush, then Bind/Execute/Sync, so the pooler keeps
-#: one server connection for both, and no name can clash with another client's on a shared
-#: server connection. Costs a round trip and a parse per statement.
-POOLED_CONNECT_ARGS: dict[str, Any] = {"statement_cache_size": 0,
-                                       "prepared_statement_cache_size": 0}
+#: asyncpg's options under a transaction pooler (see drivers.py; psycopg's: PSYCOPG_POOLED)
+POOLED_CONNECT_ARGS: dict[str, Any] = ASYNCPG_POOLED
 
 
 async def backend_pids(conn: AsyncConnection) -> tuple[int, int]:
     """(the backend pid the connection announced at start-up, the server's own)."""
     raw = await conn.get_raw_connection()
-    apg: Any = raw.driver_connection
     real = (await conn.exec_driver_sql("SELECT pg_backend_pid()")).scalar_one()
-    return int(apg.get_server_pid()), int(real)
+    return announced_pid(raw.driver_connection), int(real)
 
 
 async def pooler_connect_args(url: URL) -> dict[str, Any]:
-    """POOLED_CONNECT_ARGS where ``url`` reaches PostgreSQL through a pooler, else {}.
+    """The driver's pooled options (drivers.pooled_args: asyncpg's POOLED_CONNECT_ARGS,
+    psycopg's PSYCOPG_POOLED) where ``url`` reaches PostgreSQL through a pooler, else {}.
 
     A pooler (PgBouncer, and the others that multiplex) hands the client a made-up backend
     key at start-up, since the client never owns a server connection: the pid the
     connection announced is not the pid ``pg_backend_pid()`` reports. The probe runs on a
     throwaway connection that itself prepares nothing by name."""
-    engine = create_async_engine(url, poolclass=NullPool, connect_args=POOLED_CONNECT_ARGS)
+    pooled = pooled_args(url.get_driver_name())
+    engine = create_async_engine(url, poolclass=NullPool, connect_args=pooled)
     try:
         async with engine.connect() as conn:
             announced, real = await backend_pids(conn)
     finally:
         await engine.dispose()
-    return dict(POOLED_CONNECT_ARGS) if announced != real else {}
+    return pooled if announced != real else {}
 
 
 def no_prepare_behind_a_pooler(dbapi_conn: Any, _record: Any) -> None:
@@ -70,13 +67,10 @@ async def refuse_caching_engine(conn: AsyncConnection) -> None:
     if announced == real:
         return
     raw = await conn.get_raw_connection()
-    adapted: Any = raw.dbapi_connection
-    apg: Any = raw.driver_connection
-    caching = (getattr(adapted, "_prepared_statement_cache", None) is not None
-               or bool(getattr(apg, "_stmt_cache_enabled", False)))
-    if caching:
+    if keeps_statements(raw.dbapi_connection, raw.driver_connection):
         raise ConfigurationError(
             "this engine reaches PostgreSQL through a connection pooler (the backend pid "
             "differs from the one the connection announced) but keeps prepared "
             "statements, which a transaction pooler breaks: create it with "
-            f"connect_args={POOLED_CONNECT_ARGS!r}, or pass the URL to JobQueue")
+            f"connect_args={pooled_args(conn.dialect.driver)!r}, or pass the URL to "
+            "JobQueue")
