@@ -147,7 +147,10 @@ class BellWatch(Listener):
             self.thread = await self._run(conn, "SELECT CONNECTION_ID()")
             # (re)connected: a ring may have come while it was away. The first look comes
             # before that wake, so a ring the woken claim misses moves the mark it compares.
-            self._last = await self._run(conn, self._sum)
+            mark: Any = KILLED
+            while mark is KILLED:
+                mark = await self._run(conn, self._sum)
+            self._last = int(mark)
             self.polling = False
             on_wake("")
             while True:
