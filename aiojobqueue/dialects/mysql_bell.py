@@ -53,6 +53,8 @@ SHARDS = 8
 #: seconds between two KILLs of one holder by one pool; below mysql_watch.WARM: a woken
 #: holder polls (and holds no cold lock) for WARM seconds, so a skipped KILL loses nothing
 THROTTLE = 0.2
+#: seconds a ringer's look-up and KILL may take before it says so in the log
+SLOW_WAKE = 0.2
 #: ``Connection.info`` keys (the pool record's: they outlive the checkout): the meta tables
 #: whose bell this transaction rings at commit; those it rang, whose holder to wake
 _RING = "ajq_ring"
@@ -134,6 +136,7 @@ class Bell:
         metas = record.info.pop(_KILL, None) if record is not None else None
         if not metas or dbapi_conn is None:
             return
+        began = time.monotonic()
         try:
             cur = dbapi_conn.cursor()
             try:
@@ -146,6 +149,9 @@ class Bell:
                 cur.close()
         except Exception as exc:  # never fail a release: the sleep runs out instead
             log.debug("bell: waking the sleeper failed (%s)", exc)
+        took = time.monotonic() - began
+        if took > SLOW_WAKE:  # (the connection was the pool's meanwhile: say so)
+            log.warning("bell: waking the sleeper of %s took %.3f s", ", ".join(metas), took)
 
     def _kill(self, cur: Any, meta: str, thread: int) -> None:
         now = time.monotonic()
