@@ -16,11 +16,12 @@ lock, looks at the bell; while it sleeps on the server it also holds the *cold* 
   bell row is the transaction's last lock, held only for its COMMIT, and SHARDS rows keep
   concurrent committers from queueing on one).
 * When the connection goes back to its pool, i.e. after the COMMIT, the pool's ``checkin``
-  hook asks the server who holds the queue's cold lock (one ``SELECT IS_USED_LOCK``) and
-  sends that connection ``KILL QUERY`` (at most once per THROTTLE seconds per pool and
-  holder). Nobody cold: no KILL. No process list is read and no table row names a thread:
-  the lock is the server's live truth (a dead connection's locks go with it, and ids are
-  never stale after a restart).
+  hook sends ``KILL QUERY IS_USED_LOCK(<cold lock>)``: one statement that ends the sleep of
+  whoever holds the queue's cold lock (nobody: the server answers "unknown thread id 0";
+  a server that wants a number gets ``SELECT IS_USED_LOCK`` and the KILL). At most one
+  KILL that found a sleeper per THROTTLE seconds per pool and queue. No process list is
+  read and no table row names a thread: the lock is the server's live truth (a dead
+  connection's locks go with it, and ids are never stale after a restart).
 * The counter stays the truth: the sleeper reads it inside its sleep statement, so a KILL
   that comes early, late, twice or never loses nothing (mysql_watch.py has the argument).
 
@@ -50,8 +51,9 @@ log = logging.getLogger("aiojobqueue.listener")
 
 #: bell rows per queue (``wake:0`` ...): concurrent committers spread over them
 SHARDS = 8
-#: seconds between two KILLs of one holder by one pool; below mysql_watch.WARM: a woken
-#: holder polls (and holds no cold lock) for WARM seconds, so a skipped KILL loses nothing
+#: seconds between two KILLs of a queue's sleeper by one pool; well below mysql_watch.WARM:
+#: a watch that saw a ring polls (and takes no cold lock) for WARM seconds after, so the
+#: sleeper a skipped KILL would have found is one that looks again anyway
 THROTTLE = 0.2
 #: seconds a ringer's look-up and KILL may take before it says so in the log
 SLOW_WAKE = 0.2
@@ -59,8 +61,8 @@ SLOW_WAKE = 0.2
 #: whose bell this transaction rings at commit; those it rang, whose holder to wake
 _RING = "ajq_ring"
 _KILL = "ajq_kill"
-#: the server's "unknown thread id" and "you are not owner of thread"
-_UNKNOWN, _REFUSED = 1094, 1095
+#: the server's "unknown thread id", "you are not owner of thread" and a syntax error
+_UNKNOWN, _REFUSED, _SYNTAX = 1094, 1095, 1064
 
 
 def bell_names() -> list[str]:
@@ -121,12 +123,12 @@ class Bell:
     """One pool's ringer state."""
 
     def __init__(self) -> None:
-        #: (meta, thread id) -> time.monotonic() of its last KILL from this pool
-        self.killed: dict[tuple[str, int], float] = {}
-        #: thread ids whose KILL was refused (another user): never tried again
-        self.refused: set[int] = set()
+        #: meta -> time.monotonic() of this pool's last KILL of its sleeper
+        self.killed: dict[str, float] = {}
+        #: whether the server takes ``KILL QUERY IS_USED_LOCK(...)``
+        self.combined = True
         self.warned = False
-        #: KILL QUERY statements sent, and the slowest one's seconds (tests, bench/wake.py)
+        #: KILL QUERY statements that found a sleeper, and the slowest wake's seconds
         self.kills = 0
         self.slowest = 0.0
 
@@ -141,43 +143,57 @@ class Bell:
             cur = dbapi_conn.cursor()
             try:
                 for meta in sorted(metas):
-                    cur.execute(f"SELECT IS_USED_LOCK({lock_name(meta, 'cold')})")
-                    row = cur.fetchone()
-                    if row and row[0] is not None:
-                        self._kill(cur, meta, int(row[0]))
+                    self._wake(cur, meta)
             finally:
                 cur.close()
         except Exception as exc:  # never fail a release: the sleep runs out instead
             log.debug("bell: waking the sleeper failed (%s)", exc)
         took = time.monotonic() - began
+        self.slowest = max(self.slowest, took)
         if took > SLOW_WAKE:  # (the connection was the pool's meanwhile: say so)
             log.warning("bell: waking the sleeper of %s took %.3f s", ", ".join(metas), took)
 
-    def _kill(self, cur: Any, meta: str, thread: int) -> None:
+    def _wake(self, cur: Any, meta: str) -> None:
+        """KILL QUERY the holder of ``meta``'s cold lock, if any: one statement where the
+        server takes an expression for the thread id (MariaDB, MySQL 8), else a look-up and
+        the KILL."""
         now = time.monotonic()
-        if thread in self.refused or now - self.killed.get((meta, thread), -1e9) < THROTTLE:
+        if now - self.killed.get(meta, -1e9) < THROTTLE:
             return
-        if len(self.killed) > 256:  # (old holders: forget them)
-            self.killed = {k: t for k, t in self.killed.items() if now - t < THROTTLE}
-        self.killed[(meta, thread)] = now
-        self.kills += 1
         try:
-            cur.execute(f"KILL QUERY {int(thread)}")
+            if self.combined:
+                try:
+                    cur.execute(f"KILL QUERY IS_USED_LOCK({lock_name(meta, 'cold')})")
+                except Exception as exc:
+                    if _code(exc) != _SYNTAX:
+                        raise
+                    self.combined = False  # (this server wants a number)
+            if not self.combined:
+                cur.execute(f"SELECT IS_USED_LOCK({lock_name(meta, 'cold')})")
+                row = cur.fetchone()
+                if not row or row[0] is None:
+                    return
+                cur.execute(f"KILL QUERY {int(row[0])}")
         except Exception as exc:
-            code = (getattr(exc, "args", None) or (None,))[0]
-            if code == _UNKNOWN:  # gone since IS_USED_LOCK
+            code = _code(exc)
+            if code == _UNKNOWN:  # nobody cold (IS_USED_LOCK gave NULL: "thread id 0")
                 return
             if code != _REFUSED:
                 raise
-            self.refused.add(thread)
             if not self.warned:
                 self.warned = True
                 log.warning(
                     "KILL QUERY of the bell watch of %s refused (it runs as another database "
                     "user; waking it needs CONNECTION ADMIN or SUPER): that worker notices "
                     "this process's jobs when its sleep runs out, then by polling", meta)
-        finally:
-            self.slowest = max(self.slowest, time.monotonic() - now)
+            return
+        self.killed[meta] = now  # (a sleeper was there: it looks again now)
+        self.kills += 1
+
+
+def _code(exc: BaseException) -> Any:
+    """The server's error number of a driver error."""
+    return (getattr(exc, "args", None) or (None,))[0]
 
 
 #: one Bell per pool (an engine's dispose() makes a new pool: a new Bell with it)

@@ -220,10 +220,11 @@ class BellWatch(Listener):
                 slept = True
             first = False
             self.polling = loop.time() < self._trust_at
-            if mark is KILLED:
+            if mark is KILLED:  # a ringer's, after its commit: wake the worker now
                 self.kills += 1
                 self._misses = 0
                 ran_out = False
+                on_wake("")
                 continue
             if int(mark) == self._last:
                 ran_out = slept
