@@ -61,8 +61,8 @@ SLOW_WAKE = 0.2
 #: whose bell this transaction rings at commit; those it rang, whose holder to wake
 _RING = "ajq_ring"
 _KILL = "ajq_kill"
-#: the server's "unknown thread id", "you are not owner of thread" and a syntax error
-_UNKNOWN, _REFUSED, _SYNTAX = 1094, 1095, 1064
+#: the server's "unknown thread id" and "you are not owner of thread"
+_UNKNOWN, _REFUSED = 1094, 1095
 
 
 def bell_names() -> list[str]:
@@ -165,9 +165,10 @@ class Bell:
                 try:
                     cur.execute(f"KILL QUERY IS_USED_LOCK({lock_name(meta, 'cold')})")
                 except Exception as exc:
-                    if _code(exc) != _SYNTAX:
+                    if _code(exc) in (_UNKNOWN, _REFUSED):
                         raise
-                    self.combined = False  # (this server wants a number)
+                    self.combined = False  # (this server wants a number: ask, then KILL)
+                    log.debug("bell: KILL QUERY IS_USED_LOCK() refused (%s)", exc)
             if not self.combined:
                 cur.execute(f"SELECT IS_USED_LOCK({lock_name(meta, 'cold')})")
                 row = cur.fetchone()

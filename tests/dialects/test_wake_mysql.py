@@ -437,3 +437,19 @@ async def test_a_ring_while_the_baton_is_between_holders_is_not_lost(
     assert rang
     late = [w.first_after(rang[0]) - rang[0] for w in ws]
     assert max(late) < PROMPT, late
+
+
+async def test_the_two_step_kill_wakes_too(watching: tuple[JobQueue, Watching]) -> None:
+    """Where the server wants a number after KILL QUERY (not ``IS_USED_LOCK(...)``), the
+    ringer asks who holds the cold lock first and KILLs that id: the sleeper wakes as fast."""
+    q, w = watching
+    bell = mb._bell_of(q.engine.sync_engine.pool)
+    bell.combined = False
+    kills = w.watch.kills
+    for _ in range(2):
+        t0 = time.time()
+        await q.enqueue("t", {})
+        await asyncio.sleep(PROMPT)
+        assert w.first_after(t0) - t0 < PROMPT
+        await asyncio.sleep(0.5)  # cold again
+    assert w.watch.kills == kills + 2 and bell.kills >= 2 and not bell.combined
