@@ -10,10 +10,12 @@ Each watch has a connection of its own for its whole life and loops::
             and sleep:  SELECT b.m, IF(b.m <> <last>, 0, SLEEP(LONG)) FROM (<sum>) b
             until the bell moved; then RELEASE_ALL_LOCKS() and wait again.
 
-A waiter whose read shows a new mark wakes its worker and waits again; one that gets the
-baton looks first, so when the holder lets go after a ring, the baton passes down the line
-of waiters (each sees the ring, wakes its worker, lets go) until one with nothing new keeps
-it. If the holder's connection dies the server frees its locks and a waiter takes over.
+A waiter whose read shows a new mark wakes its worker, polls every FAST seconds while warm
+(as the holder does: a burst of work is a few milliseconds away from every idle worker,
+not a line of hand-overs), then waits again; one that gets the baton looks first, so when
+the holder lets go after a ring, the baton passes down the line of waiters (each sees the
+ring, wakes its worker, lets go) until one with nothing new keeps it. If the holder's
+connection dies the server frees its locks and a waiter takes over.
 
 No ring is lost. A ring commits at tC, then its ringer reads the cold lock's holder (tI >
 tC) and KILLs it. If some watch is cold at tI, its sleep statement either started before
@@ -22,7 +24,8 @@ between two statements is dropped by the server, and one that ends a later state
 makes it look again). If nobody is cold at tI, every watch either reads the bell after tI
 in its next statement (a holder that is warm, about to take the cold lock, or the next one
 to take the baton: each looks before it sleeps), or waits for the baton behind one that
-does. The counter is the truth; KILL only shortens a sleep.
+does (a warm watch reads it every FAST seconds). The counter is the truth; KILL only
+shortens a sleep.
 
 While KILLs do not arrive (a ringer of another database user without CONNECTION ADMIN, a
 connection kept open after its commit: a LONG sleep runs out although the bell moved,
@@ -177,7 +180,14 @@ class BellWatch(Listener):
 
     async def _wait_turn(self, conn: AsyncConnection, on_wake: WakeCallback) -> None:
         """Return holding the baton, waking the worker for each new mark seen meanwhile."""
+        loop = asyncio.get_running_loop()
         while True:
+            if loop.time() - self._rang_at < WARM:  # a burst: poll, as the holder does
+                await asyncio.sleep(FAST)
+                mark = await self._run(conn, self._sum)
+                if mark is not KILLED and int(mark) != self._last:
+                    self._moved(int(mark), on_wake)
+                continue
             row = await self._run(conn, self._wait, (self._last, WAIT), WAIT, whole=True)
             if row is KILLED:  # (a KILL meant for the holder this watch was)
                 continue
