@@ -8,8 +8,9 @@ Per database, one table row:
 * **wake p50 / p99**: enqueue -> handler start, the enqueue in another process (its own
   interpreter and connections), the worker idle in this one with the default settings
   (``poll_interval=1``). *warm*: 20 ms apart, as the shared harness sends them (the MySQL
-  bell watch then looks every 10 ms); *cold*: 1.3 s apart (past its warm second: the watch
-  looks every 50 ms, what a long-idle worker does). *from
+  bell watch then looks every 10 ms); *cold*: 1.3 s apart (past its warm second: the
+  watch holding the queue's baton sleeps on the server until a ringer's KILL QUERY, what a
+  long-idle worker does). *from
   another host*: the cold enqueues from a network namespace of its own on a bridge, reaching
   the server over that link through a forwarder process (tests/netkit.py; needs root and
   ``ip``, else —).
@@ -26,9 +27,11 @@ Per database, one table row:
   it silenced, alternated (one bell UPDATE per enqueue transaction, no worker); and, with an
   idle worker in another process, the median time of one ``enqueue()`` 0.6 s apart, rung vs
   silenced.
+* **fleet** (MariaDB): the statements per second one bell watch sends when 1 and when 16
+  watches of one queue are idle (the watches alone).
 
-``--parts`` runs only some columns (``wake,host,next,idle,c1,bell``): an A/B of two trees runs
-this file under each tree's PYTHONPATH in turn (the producers import the same tree).
+``--parts`` runs only some columns (``wake,host,next,idle,c1,bell,fleet``): an A/B of two
+trees runs this file under each tree's PYTHONPATH in turn (the producers import the same tree).
 """
 
 from __future__ import annotations
@@ -344,6 +347,28 @@ async def idle(t: Target, rows: int, window: float) -> tuple[float, float | None
     return (pool + looks) / secs, look_ms, int(n or 0)
 
 
+async def idle_watches(t: Target, n: int, window: float) -> float:
+    """Statements/s one of ``n`` idle bell watches of one queue sends (MySQL: the watches
+    alone, each on its own connection as in n worker processes; the pools' backstop poll is
+    the idle column's)."""
+    url, prefix = t.fresh()
+    q = JobQueue(url, prefix=prefix)
+    try:
+        async with q:
+            watches = [_ops_of(q).listener(q.engine) for _ in range(n)]
+            tasks = [asyncio.create_task(w.run(lambda _p: None)) for w in watches]
+            await asyncio.sleep(3.0)  # connected, past the warm second
+            l0, t0 = sum(w.looks for w in watches), time.monotonic()
+            await asyncio.sleep(window)
+            rate = (sum(w.looks for w in watches) - l0) / (time.monotonic() - t0) / n
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        await t.drop(url, prefix)
+    return rate
+
+
 def _ops_of(q: JobQueue) -> Any:
     return q._started().db.ops
 
@@ -479,7 +504,8 @@ async def main() -> None:
     ap.add_argument("--lat", type=int, default=100, help="warm enqueues, 20 ms apart")
     ap.add_argument("--cold", type=int, default=40, help="cold enqueues, 1.3 s apart")
     ap.add_argument("--chains", type=int, default=15, help="next-start chains, 1.3 s apart")
-    ap.add_argument("--parts", default="wake,host,next,idle,c1,bell", help="what to measure")
+    ap.add_argument("--parts", default="wake,host,next,idle,c1,bell,fleet",
+                    help="what to measure")
     ap.add_argument("--n1", type=int, default=3000, help="jobs per capacity=1 drain")
     ap.add_argument("--pairs", type=int, default=2, help="alternated C=1 / raw pairs")
     ap.add_argument("--big", type=int, default=1_000_000, help="rows of the large table")
@@ -525,6 +551,12 @@ async def main() -> None:
             f"{fmt(c1m)} (pairs: {', '.join(fmt(x) for x in c1)})",
             f"{fmt(rawm)} ({', '.join(fmt(x) for x in raw)})" if raw else "—", ratio,
         ])
+        if db == "mariadb" and "fleet" in parts:
+            one = await idle_watches(t, 1, args.window)
+            many = await idle_watches(t, 16, args.window)
+            notes.append(f"MariaDB idle bell watches of one queue, statements/s each: 1 watch "
+                         f"{one:.2f}, 16 watches {many:.2f} (16 x {many:.2f} = "
+                         f"{16 * many:.1f} for the fleet)")
         if db == "mariadb" and "bell" in parts:
             on: list[float] = []
             off: list[float] = []

@@ -40,7 +40,8 @@ from .bulk import (
     run_bulk_insert,
     varying_fields,
 )
-from .mysql_bell import BellWatch, ring
+from .mysql_bell import ring
+from .mysql_watch import BellWatch
 
 if TYPE_CHECKING:
     from ..database import Database
@@ -151,7 +152,7 @@ class MySQLOps(DialectOps):
     def for_update(self, stmt: Select[Any]) -> Select[Any]:
         return stmt.with_for_update()
 
-    # -- wake-up: the doorbell in meta (see mysql_bell.py) ----------------------------------
+    # -- wake-up: the doorbell in meta, KILL QUERY (mysql_bell.py, mysql_watch.py) ---------
     async def notify(self, conn: AsyncConnection, payload: str = "") -> None:
         ring(conn, self.t.meta.name)
 

@@ -9,8 +9,8 @@ the server's: a role ``CONNECTION LIMIT`` on PostgreSQL, ``MAX_USER_CONNECTIONS`
 MariaDB, PgBouncer's ``default_pool_size`` (and the role's limit behind it).
 
 What one worker process holds (pool_size=N, 5 by default, no overflow): PostgreSQL N + 1
-(the LISTEN connection, to ``listen_url`` where given); MariaDB N; SQLite N + 3 (the side
-writer, up to 2, and the data_version watcher).
+(the LISTEN connection, to ``listen_url`` where given); MariaDB N + 1 (the bell's watch);
+SQLite N + 3 (the side writer, up to 2, and the data_version watcher).
 
 Run as a script, this file is that worker: ``python tests/dialects/test_connections.py URL PREFIX
 CAPACITY POOL_SIZE [LISTEN_URL]`` (POOL_SIZE 0: the default).
