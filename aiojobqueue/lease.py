@@ -164,16 +164,8 @@ class ReturningLease:
         for gs, ns in _chunks(plan):
             stmt, bind = _many_stmt(self.db, len(gs), types, self.lease, True)
             rows += (await conn.execute(stmt, bind(gs, ns))).all()
-        # A locking pick does not skip the rows its own transaction locked: drop what an
-        # earlier pick of this claim took (and count only what is new)
-        seen = {r[0] for r in taken}
-        fresh = []
-        for r in rows:
-            if r[0] not in seen:
-                seen.add(r[0])
-                fresh.append(r)
-        taken += fresh
-        return _per_group(r[4] for r in fresh)
+        taken += rows
+        return _per_group(r[4] for r in rows)
 
     async def leased(self, conn: AsyncConnection, taken: list[Any]) -> list[Any]:
         """The leased rows (claim_columns()) once every group was picked."""
@@ -225,16 +217,7 @@ class PickThenLease:
         for gs, ns in _chunks(plan):
             stmt, bind = _many_stmt(self.db, len(gs), types, None, False)
             rows += (await conn.execute(stmt, bind(gs, ns))).all()
-        # A locking pick does not skip the rows its own transaction locked: drop what an
-        # earlier pick of this claim took (and count only what is new)
-        seen = {r[0] for r in taken}
-        fresh = []
-        for r in rows:
-            if r[0] not in seen:
-                seen.add(r[0])
-                fresh.append(r)
-        taken += fresh
-        return _per_group(r[4] for r in fresh)
+        return _join(taken, rows)
 
     async def leased(self, conn: AsyncConnection, taken: list[Any]) -> list[Any]:
         if not taken:
@@ -261,6 +244,20 @@ def _chunks(plan: dict[str, int]) -> list[tuple[list[str], list[int]]]:
     items = list(plan.items())
     return [([g for g, _ in items[i : i + PICK_CHUNK]], [n for _, n in items[i : i + PICK_CHUNK]])
             for i in range(0, len(items), PICK_CHUNK)]
+
+
+def _join(taken: list[Any], rows: list[Any]) -> dict[str, int]:
+    """Add the picked ``rows`` (claim_columns()) to ``taken``; how many each group got. A
+    locking pick does not skip the rows its own transaction locked, so those an earlier
+    pick of the same claim took are dropped (and not counted)."""
+    seen = {r[0] for r in taken}
+    fresh = []
+    for r in rows:
+        if r[0] not in seen:
+            seen.add(r[0])
+            fresh.append(r)
+    taken += fresh
+    return _per_group(r[4] for r in fresh)
 
 
 def _per_group(keys: Any) -> dict[str, int]:
