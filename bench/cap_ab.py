@@ -27,11 +27,12 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from abtree import run_in_tree
 
 VARIANTS = ("uncapped", "concurrency", "group_limits")
 
@@ -105,15 +106,7 @@ def count_trips() -> list[int]:
 
 
 def run(tree: str, kind: str, db: str, n: int, c: int) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": tree}
-    args = [sys.executable, __file__, "--child", tree, kind, db, str(n), str(c)]
-    out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=900)
-    if out.returncode:
-        raise SystemExit(f"{tree} {kind} {db} C={c}: {out.stderr[-2000:]}{out.stdout[-500:]}")
-    res: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    if not res["tree"].startswith(str(Path(tree).resolve())):
-        raise SystemExit(f"{tree}: imported {res['tree']} instead")
-    return res
+    return run_in_tree(__file__, tree, [tree, kind, db, str(n), str(c)], f"{kind} {db} C={c}")
 
 
 def main() -> None:

@@ -21,15 +21,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+from abtree import run_in_tree
 
 URLS = {
     "postgresql": "postgresql+asyncpg://postgres@127.0.0.1:5432/test",
@@ -95,16 +94,8 @@ async def child(db: str, n: int, capacity: int, rate: bool, count: bool) -> dict
 
 
 def run(tree: str, db: str, n: int, c: int, rate: bool, count: bool = False) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": tree}
-    args = [sys.executable, __file__, "--child", db, str(n), str(c), str(int(rate)),
-            str(int(count))]
-    out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
-    if out.returncode:
-        raise SystemExit(f"{tree} {db} C={c}: {out.stderr[-2000:]}")
-    res: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    if not res["tree"].startswith(str(Path(tree).resolve())):
-        raise SystemExit(f"{tree}: imported {res['tree']} instead")
-    return res
+    return run_in_tree(__file__, tree, [db, str(n), str(c), str(int(rate)), str(int(count))],
+                       f"{db} C={c}", timeout=600)
 
 
 def main() -> None:

@@ -51,9 +51,12 @@ def stop(procs: list[subprocess.Popen[str]], timeout: float = 30.0) -> None:
 
 
 def read_log(log: Path) -> list[dict[str, Any]]:
+    """The complete lines of a JSON-lines log that live processes may still be appending
+    to: a last line without its newline is still being written, so it is left out."""
     if not log.exists():
         return []
-    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    lines = log.read_text().split("\n")[:-1]  # the part after the last newline is unfinished
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 def max_overlap(rows: list[dict[str, Any]]) -> int:

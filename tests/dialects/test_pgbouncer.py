@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -28,14 +27,12 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
+from wakekit import QUICK, wake_time
 
 from aiojobqueue import JobContext, JobQueue
 from aiojobqueue.dialects.postgresql import POOLED_CONNECT_ARGS
 from aiojobqueue.dialects.urls import connect_kwargs_for
 from aiojobqueue.errors import ConfigurationError
-
-QUICK = {"poll_interval": 0.05, "lease_ttl": 3.0, "heartbeat_interval": 0.5,
-         "shutdown_timeout": 2.0}
 
 
 @pytest_asyncio.fixture
@@ -182,34 +179,6 @@ def test_pool_size_is_checked() -> None:
     assert JobQueue(PG_URL, pool_size=2).settings.pool_size == 2
 
 
-async def _wake_time(pgbouncer: PgBouncer, prefix: str, **kw: Any) -> tuple[float, JobQueue]:
-    """Seconds from another process-like queue's enqueue to the job's start on an idle
-    worker whose poll is 30 s: only a notification can wake it that fast."""
-    worker = JobQueue(pgbouncer.url, prefix=prefix, **{**QUICK, "poll_interval": 30.0, **kw})
-    started = asyncio.Event()
-
-    @worker.handler("ping")
-    async def ping(ctx: JobContext) -> None:
-        started.set()
-
-    producer = JobQueue(pgbouncer.url, prefix=prefix, **QUICK)
-    async with worker, producer:
-        task = asyncio.create_task(worker.serve())
-        try:
-            await asyncio.sleep(6.5)  # past the listener's probe (PROBE_WAIT) and first scan
-            t0 = time.monotonic()
-            await producer.enqueue("ping")
-            try:
-                async with asyncio.timeout(8.0):
-                    await started.wait()
-            except TimeoutError:
-                return float("inf"), worker
-            return time.monotonic() - t0, worker
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-
-
 def _deaf_warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if "do not arrive" in r.getMessage()]
 
@@ -219,7 +188,7 @@ async def test_listen_url_wakes_an_idle_worker_behind_the_pooler(
     pgbouncer: PgBouncer, tables: str, caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING, "aiojobqueue")
-    took, _ = await _wake_time(pgbouncer, tables, listen_url=PG_URL)
+    took = await wake_time(pgbouncer.url, tables, listen_url=PG_URL)
     assert took < 2.0, took
     assert not _deaf_warnings(caplog)
 
@@ -232,7 +201,7 @@ async def test_without_listen_url_it_says_so_once_and_polls(
     listen_url, and an idle worker (30 s poll) is not woken by another's enqueue; with a
     short poll it still runs the job."""
     caplog.set_level(logging.WARNING, "aiojobqueue")
-    took, _ = await _wake_time(pgbouncer, tables)
+    took = await wake_time(pgbouncer.url, tables)
     assert took == float("inf"), took
     warned = _deaf_warnings(caplog)
     assert len(warned) == 1, [r.getMessage() for r in warned]

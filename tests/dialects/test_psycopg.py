@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -25,13 +24,12 @@ from pgbouncer import PgBouncer
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
+from wakekit import QUICK, wake_time
 
 from aiojobqueue import JobContext, JobQueue
 from aiojobqueue.dialects.urls import connect_kwargs_for
 from aiojobqueue.errors import ConfigurationError
 
-QUICK = {"poll_interval": 0.05, "lease_ttl": 3.0, "heartbeat_interval": 0.5,
-         "shutdown_timeout": 2.0}
 PSYCOPG_URL = PG_URL.replace("+asyncpg", "+psycopg")
 
 
@@ -181,34 +179,6 @@ async def test_a_preparing_psycopg_engine_behind_the_pooler_is_refused(
         await good.dispose()
 
 
-async def _wake_time(url: str, prefix: str, **kw: Any) -> float:
-    """Seconds from another queue's enqueue to the job's start on an idle worker whose poll
-    is 30 s: only a notification wakes it that fast (inf: not within 8 s)."""
-    worker = JobQueue(url, prefix=prefix, **{**QUICK, "poll_interval": 30.0, **kw})
-    started = asyncio.Event()
-
-    @worker.handler("ping")
-    async def ping(ctx: JobContext) -> None:
-        started.set()
-
-    producer = JobQueue(url, prefix=prefix, **QUICK)
-    async with worker, producer:
-        task = asyncio.create_task(worker.serve())
-        try:
-            await asyncio.sleep(6.5)  # past the listener's probe (PROBE_WAIT) and first scan
-            t0 = time.monotonic()
-            await producer.enqueue("ping")
-            try:
-                async with asyncio.timeout(8.0):
-                    await started.wait()
-            except TimeoutError:
-                return float("inf")
-            return time.monotonic() - t0
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-
-
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("how", ["direct", "listen_url"])
 async def test_psycopg_listen_wakes_an_idle_worker(
@@ -218,9 +188,9 @@ async def test_psycopg_listen_wakes_an_idle_worker(
     ``listen_url`` beside a queue that goes through PgBouncer."""
     caplog.set_level(logging.WARNING, "aiojobqueue")
     if how == "direct":
-        took = await _wake_time(PSYCOPG_URL, tables)
+        took = await wake_time(PSYCOPG_URL, tables)
     else:
-        took = await _wake_time(psycopg(pgbouncer.url), tables, listen_url=PSYCOPG_URL)
+        took = await wake_time(psycopg(pgbouncer.url), tables, listen_url=PSYCOPG_URL)
     assert took < 2.0, took
     assert not [r for r in caplog.records if "do not arrive" in r.getMessage()]
 
@@ -230,6 +200,6 @@ async def test_psycopg_through_the_pooler_alone_warns_once_and_polls(
     pgbouncer: PgBouncer, tables: str, caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING, "aiojobqueue")
-    assert await _wake_time(psycopg(pgbouncer.url), tables) == float("inf")
+    assert await wake_time(psycopg(pgbouncer.url), tables) == float("inf")
     warned = [r for r in caplog.records if "do not arrive" in r.getMessage()]
     assert len(warned) == 1 and "listen_url" in warned[0].getMessage()
