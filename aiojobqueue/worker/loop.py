@@ -23,7 +23,7 @@ from ..limits import local_budget, notify
 from ..periodic import run_schedules
 from ..sql import lit
 from ..timeutil import db_now
-from . import shutdown
+from . import pacing, shutdown
 from .leases import Leases, Reclaimer
 from .outcomes import Outcomes
 from .report import jlog
@@ -110,7 +110,8 @@ class Worker:
                     break
                 state.wake.clear()
                 self._poked = False
-                want = s.capacity + rnd.prefetch(self._avg_run) - self._active - len(state.buffer)
+                usual = s.capacity + rnd.prefetch(self._avg_run)
+                want = usual - self._active - len(state.buffer)
                 want = await local_budget(s.local_limits, want)
                 # No new leases while this worker cannot renew the ones it has.
                 if not types or not self.leases.healthy():
@@ -118,6 +119,11 @@ class Worker:
                 want = max(want, 0)
                 if not want and not out.outbox:
                     delay = s.poll_interval  # a finishing job sets `wake`
+                    continue
+                held = pacing.hold(state, out.outbox, out.queued_at, s.capacity, usual,
+                                   self._avg_run, want, time.monotonic()) if rnd.holds else 0.0
+                if held > 0:
+                    delay = held  # woken by each finishing job, to look again
                     continue
                 ok, got = await rnd.run(want, types, quick)
                 if not ok:

@@ -50,8 +50,12 @@ class Outcomes:
         self.pumping = False
         #: the round's finalize (bound by the worker once its round exists)
         self.finalize: Finalize | None = None
+        #: monotonic time the oldest outcome in the outbox was queued (see pacing.hold)
+        self.queued_at = 0.0
 
     def add(self, outcome: Outcome) -> None:
+        if not self.outbox:
+            self.queued_at = time.monotonic()
         self.outbox.append(outcome)
         self.event.set()
 

@@ -52,6 +52,9 @@ SHARED_AHEAD = 8
 class ParallelRound:
     """Finalize, and claim beside it or right after it (see the module docstring)."""
 
+    #: a busy worker's round may wait to carry more (pacing.hold)
+    holds = True
+
     def __init__(self, core: Core, state: WorkerState, outcomes: Outcomes) -> None:
         self.core = core
         self.state = state
@@ -253,6 +256,8 @@ class ParallelRound:
 
 class SharedRound(ParallelRound):
     """Finalize and claim in one transaction (see the module docstring)."""
+
+    holds = False  # one writer at a time, and few leases ahead: nothing to carry more of
 
     async def run(self, want: int, types: list[str], quick: bool) -> tuple[bool, list[Claimed]]:
         out = self.outcomes
