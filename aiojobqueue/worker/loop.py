@@ -49,6 +49,7 @@ class Worker:
         self._active = 0  # handlers executing now (capacity caps this)
         self._avg_run: float | None = None  # moving average of handler run time, seconds
         self._poked = False  # a notification arrived since the last round
+        self.pacer = pacing.Pacer()
         self._idle_exit = False
 
     async def serve(self, until_idle: bool = False) -> None:
@@ -120,12 +121,15 @@ class Worker:
                 if not want and not out.outbox:
                     delay = s.poll_interval  # a finishing job sets `wake`
                     continue
-                held = pacing.hold(state, out.outbox, out.queued_at, s.capacity, usual,
-                                   self._avg_run, want, time.monotonic()) if rnd.holds else 0.0
+                held = self.pacer.hold(state, out.outbox, out.queued_at, s.capacity, usual,
+                                       self._avg_run, want, time.monotonic()) \
+                    if rnd.holds else 0.0
                 if held > 0:
                     delay = held  # woken by each finishing job, to look again
                     continue
+                t0 = time.monotonic()
                 ok, got = await rnd.run(want, types, quick)
+                self.pacer.ran(time.monotonic() - t0)
                 if not ok:
                     delay = min(max(delay * 2, 0.2), 5.0)
                     continue

@@ -4,10 +4,11 @@ A worker with a backlog runs its rounds back to back, each writing what finished
 last one and leasing as many replacements. With few slots per process (the same total
 concurrency spread over many processes) each round then carries one or two jobs: a commit
 or two per job, which is what the database pays for most (bench/scale.py, docs/deploying.md).
-Where nothing is waiting on the round, it waits instead (``hold``) until it carries half the
-worker's usual lease (``capacity`` plus its prefetch), for at most ROUND_HOLD after the
-oldest outcome it would write and at most half the time its buffered jobs keep every slot
-busy. Nothing is waiting when:
+Where nothing is waiting on the round, it waits instead (``Pacer.hold``) until it carries
+half the worker's usual lease (``capacity`` plus its prefetch), for at most ROUND_HOLD after
+the oldest outcome it would write, and only while the jobs in its buffer keep every slot
+busy for MARGIN times as long as a round takes here (so the round lands before a slot runs
+dry). Nothing is waiting when:
 
 * the worker holds at least one leased job per slot in its buffer, so no slot runs dry
   meanwhile, and a job its claim would lease now would only wait behind them (better left
@@ -29,20 +30,37 @@ from .state import WorkerState
 
 #: the longest a finished attempt's write is held back to join a larger round, seconds
 ROUND_HOLD = 0.02
+#: a round starts while its buffer still keeps every slot busy for this many rounds
+MARGIN = 2.0
 
 
-def hold(state: WorkerState, outbox: Sequence[Outcome], queued_at: float, capacity: int,
-         usual: int, avg_run: float | None, want: int, now: float) -> float:
-    """Seconds the next round may still wait (0 or less: run it now). ``outbox``: the
-    outcomes it would write, the oldest queued at ``queued_at``; ``usual``: what the worker
-    leases when all its slots and its prefetch are free; ``want``: what it would lease now;
-    ``avg_run``: the handlers' recent average run time (monotonic seconds throughout)."""
-    if avg_run is None or state.stopping or want * 2 >= usual:
-        return 0.0
-    buffered = len(state.buffer)
-    if buffered < capacity:
-        return 0.0
-    if not all(state.alone(o.job_id, o.attempt) for o in outbox):
-        return 0.0
-    lasts = buffered * avg_run / capacity  # how long the buffer keeps every slot busy
-    return (queued_at if outbox else now) + min(ROUND_HOLD, lasts / 2) - now
+class Pacer:
+    """How long the next round may wait, from how long rounds take here."""
+
+    def __init__(self) -> None:
+        #: moving average of a round's duration, seconds (None: none ran yet)
+        self.round_time: float | None = None
+
+    def ran(self, took: float) -> None:
+        """A round took ``took`` seconds."""
+        rt = self.round_time
+        self.round_time = took if rt is None else rt + (took - rt) * 0.2
+
+    def hold(self, state: WorkerState, outbox: Sequence[Outcome], queued_at: float,
+             capacity: int, usual: int, avg_run: float | None, want: int, now: float
+             ) -> float:
+        """Seconds the next round may still wait (0 or less: run it now). ``outbox``: the
+        outcomes it would write, the oldest queued at ``queued_at``; ``usual``: what the
+        worker leases when all its slots and its prefetch are free; ``want``: what it
+        would lease now; ``avg_run``: the handlers' recent average run time (monotonic
+        seconds throughout)."""
+        rt = self.round_time
+        if rt is None or avg_run is None or state.stopping or want * 2 >= usual:
+            return 0.0
+        buffered = len(state.buffer)
+        if buffered < capacity:
+            return 0.0
+        if not all(state.alone(o.job_id, o.attempt) for o in outbox):
+            return 0.0
+        lasts = buffered * avg_run / capacity  # how long the buffer keeps every slot busy
+        return min((queued_at if outbox else now) + ROUND_HOLD, now + lasts - MARGIN * rt) - now

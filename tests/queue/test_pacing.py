@@ -37,31 +37,41 @@ def _done(c: Claimed) -> Outcome:
     return Outcome(c.id, c.attempt, "w", "done")
 
 
+def _pacer(round_time: float) -> pacing.Pacer:
+    p = pacing.Pacer()
+    p.ran(round_time)
+    return p
+
+
 async def test_a_busy_round_waits_for_half_its_usual_lease_at_most_round_hold() -> None:
-    """8 slots, 40 buffered, 10 ms jobs: the round waits while it would lease fewer than
-    half of 48, for ROUND_HOLD after the oldest outcome (the buffer lasts 50 ms)."""
+    """8 slots, 37 buffered, 10 ms jobs, 5 ms rounds: the round waits while it would lease
+    fewer than half of 48, for ROUND_HOLD after the oldest outcome."""
     jobs = [_claimed(i) for i in range(3)]
     state = await _state(jobs, buffered=37)
     outbox = [_done(c) for c in jobs]
-    held = pacing.hold(state, outbox, 100.0, 8, 48, 0.01, want=3, now=100.005)
+    p = _pacer(0.005)
+    held = p.hold(state, outbox, 100.0, 8, 48, 0.01, want=3, now=100.005)
     assert held == pytest.approx(pacing.ROUND_HOLD - 0.005)
-    assert pacing.hold(state, outbox, 100.0, 8, 48, 0.01, want=24, now=100.005) <= 0
-    assert pacing.hold(state, outbox, 100.0, 8, 48, 0.01, want=3, now=100.03) <= 0
+    assert p.hold(state, outbox, 100.0, 8, 48, 0.01, want=24, now=100.005) <= 0
+    assert p.hold(state, outbox, 100.0, 8, 48, 0.01, want=3, now=100.03) <= 0
 
 
 async def test_a_round_never_waits_where_something_waits_on_it() -> None:
     jobs = [_claimed(1), _claimed(2, dependents=True)]
     outbox = [_done(c) for c in jobs]
+    p = _pacer(0.002)
     # a finished job that has dependents (a DAG step): its release must not wait
     state = await _state(jobs, buffered=40)
-    assert pacing.hold(state, outbox, 100.0, 8, 48, 0.01, want=2, now=100.0) <= 0
+    assert p.hold(state, outbox, 100.0, 8, 48, 0.01, want=2, now=100.0) <= 0
     # fewer buffered jobs than slots: a slot could run dry meanwhile
     state = await _state(jobs[:1], buffered=7)
-    assert pacing.hold(state, outbox[:1], 100.0, 8, 48, 0.01, want=1, now=100.0) <= 0
-    # long jobs: held for at most half the time the buffer keeps every slot busy
-    state = await _state(jobs[:1], buffered=8)
-    assert pacing.hold(state, outbox[:1], 100.0, 8, 48, 0.001, want=1, now=100.0) == \
-        pytest.approx(0.0005)
+    assert p.hold(state, outbox[:1], 100.0, 8, 48, 0.01, want=1, now=100.0) <= 0
+    # before any round ran, and in a slow round: only while the buffer outlasts two rounds
+    state = await _state(jobs[:1], buffered=8)  # 10 ms of work for the 8 slots
+    assert pacing.Pacer().hold(state, outbox[:1], 100.0, 8, 48, 0.01, want=1, now=100.0) <= 0
+    assert _pacer(0.004).hold(state, outbox[:1], 100.0, 8, 48, 0.01, want=1, now=100.0) == \
+        pytest.approx(0.002)
+    assert _pacer(0.006).hold(state, outbox[:1], 100.0, 8, 48, 0.01, want=1, now=100.0) <= 0
 
 
 async def _mean_batch(make_queue: Callable[..., JobQueue], n: int, kind: str) -> float:
