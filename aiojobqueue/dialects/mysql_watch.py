@@ -95,6 +95,7 @@ class BellWatch(Listener):
                       f"%s)) FROM ({self._sum}) AS b")
         self._cold = f"SELECT GET_LOCK({lock_name(meta, 'cold')}, 0)"
         self._sleep = f"SELECT b.m, IF(b.m <> %s, 0, SLEEP(%s)) FROM ({self._sum}) AS b"
+        self._release = f"SELECT b.m, RELEASE_ALL_LOCKS() FROM ({self._sum}) AS b"
         rows = ", ".join(f"('{n}', '0')" for n in bell_names())
         #: the bell's rows, made by the first watch of the queue (a ring only updates)
         self._rows = f"INSERT IGNORE INTO `{meta}` (name, value) VALUES {rows}"
@@ -182,13 +183,14 @@ class BellWatch(Listener):
         """Return holding the baton, waking the worker for each new mark seen meanwhile."""
         loop = asyncio.get_running_loop()
         while True:
-            if loop.time() - self._rang_at < WARM:  # a burst: poll, as the holder does
-                await asyncio.sleep(FAST)
-                mark = await self._run(conn, self._sum)
-                if mark is not KILLED and int(mark) != self._last:
-                    self._moved(int(mark), on_wake)
-                continue
-            row = await self._run(conn, self._wait, (self._last, WAIT), WAIT, whole=True)
+            # warm (a burst): wait at most FAST for the baton, so this watch reads the bell
+            # every FAST seconds whatever the hand-overs do; a holder that lets go after a
+            # ring hands the baton to one of them at once (it looks first: a wake within
+            # a few round trips of the ringer's KILL, not at the next poll)
+            warm = loop.time() - self._rang_at < WARM
+            wait = FAST if warm else WAIT
+            began = loop.time()
+            row = await self._run(conn, self._wait, (self._last, wait), wait, whole=True)
             if row is KILLED:  # (a KILL meant for the holder this watch was)
                 continue
             mark, got = int(row[0]), row[1]
@@ -198,22 +200,26 @@ class BellWatch(Listener):
                 self.takes += 1
                 self.holding = True
                 return
+            elif warm and loop.time() - began < FAST / 2:
+                # (a server that rounds a fractional timeout down to 0 answered at once)
+                await asyncio.sleep(FAST)
 
     async def _hold(self, conn: AsyncConnection, on_wake: WakeCallback) -> None:
-        """Holding the baton: look, then poll or sleep until the bell moves; let go."""
+        """Holding the baton: look, then sleep on the server under the cold lock (FAST
+        seconds while warm, LONG after) or poll, until the bell moves; let go."""
         loop = asyncio.get_running_loop()
         first = True
         ran_out = False  # the last statement was a LONG sleep that nothing ended
         while True:
             now = loop.time()
-            calm = now - self._rang_at >= WARM and now >= self._trust_at
+            warm = now - self._rang_at < WARM
             slept = False
-            if first or not calm:
+            if first or now < self._trust_at:  # (the first look; polling: KILLs missing)
                 if self.cold:
                     await self._run(conn, f"DO RELEASE_LOCK({lock_name(self._meta, 'cold')})")
                     self.cold = False
                 if not first:
-                    await asyncio.sleep(FAST if now - self._rang_at < WARM else SLOW)
+                    await asyncio.sleep(FAST if warm else SLOW)
                 mark: Any = await self._run(conn, self._sum)
             else:
                 if not self.cold:
@@ -226,16 +232,27 @@ class BellWatch(Listener):
                                   "polling every %.0f ms", self._meta, SLOW * 1000)
                         self._trust_at = now + REPROBE
                         continue
-                mark = await self._run(conn, self._sleep, (self._last, LONG), LONG)
-                slept = True
+                # Warm, too, it sleeps where a ringer's KILL ends it (a FAST sleep: a KILL
+                # the ringer's THROTTLE skipped costs no more than the poll it replaces)
+                mark = await self._run(conn, self._sleep, (self._last, FAST if warm else LONG),
+                                       FAST if warm else LONG)
+                slept = not warm
             first = False
             self.polling = loop.time() < self._trust_at
-            if mark is KILLED:  # a ringer's, after its commit: wake the worker now
+            if mark is KILLED:  # a ringer's, after its commit: wake the worker now, ...
                 self.kills += 1
                 self._misses = 0
-                ran_out = False
                 on_wake("")
-                continue
+                # ... and let go of the baton in the statement that reads the bell, so that
+                # the next waiter takes it (and looks) one round trip sooner
+                row: Any = KILLED
+                while row is KILLED:
+                    row = await self._run(conn, self._release, whole=True)
+                self.holding = self.cold = False
+                if int(row[0]) != self._last:
+                    self._last = int(row[0])
+                    self._rang_at = loop.time()
+                return  # (a KILL that announced nothing: the baton is taken again at once)
             if int(mark) == self._last:
                 ran_out = slept
                 continue

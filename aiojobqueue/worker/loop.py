@@ -31,7 +31,7 @@ from .state import Running, WorkerState
 
 #: seconds until the next look after a claim was passed over (the 1st, 2nd, 3rd time in a
 #: row: the other claim ends in milliseconds unless the database is loaded); then the poll
-RELOOK = (0.02, 0.2, 2.0)
+RELOOK = (0.003, 0.02, 0.2, 2.0)
 
 
 class Worker:
