@@ -4,17 +4,21 @@ the others wait for the baton in ``GET_LOCK`` (ringing side: mysql_bell.py).
 
 Each watch has a connection of its own for its whole life and loops::
 
-    wait:   SELECT b.m, IF(b.m <> <last>, NULL, GET_LOCK(<baton>, WAIT)) FROM (<sum>) b
-    hold:   look (SELECT <sum>) at once; then while warm (WARM seconds after the bell last
-            moved) look every FAST seconds, else take the cold lock (GET_LOCK(<cold>, 0))
-            and sleep:  SELECT b.m, IF(b.m <> <last>, 0, SLEEP(LONG)) FROM (<sum>) b
-            until the bell moved; then RELEASE_ALL_LOCKS() and wait again.
+    wait:   SELECT b.m, IF(b.m <> <last>, NULL, GET_LOCK(<baton>, W)) FROM (<sum>) b
+            (W = FAST while warm, i.e. WARM seconds after the bell last moved, else WAIT)
+    hold:   look (SELECT <sum>) at once; then take the cold lock (GET_LOCK(<cold>, 0)) and
+            sleep:  SELECT b.m, IF(b.m <> <last>, 0, SLEEP(S)) FROM (<sum>) b
+            (S = FAST while warm, else LONG) until the bell moved; then RELEASE_ALL_LOCKS()
+            (killed: in the statement that reads the bell) and wait again.
 
-A waiter whose read shows a new mark wakes its worker, polls every FAST seconds while warm
-(as the holder does: a burst of work is a few milliseconds away from every idle worker,
-not a line of hand-overs), then waits again; one that gets the baton looks first, so when
-the holder lets go after a ring, the baton passes down the line of waiters (each sees the
-ring, wakes its worker, lets go) until one with nothing new keeps it. If the holder's
+The one killable sleeper is the holder, warm or cold, so a ringer's KILL ends its sleep
+within a round trip of the commit (completion -> next start across processes comes while
+every watch is warm). A waiter whose read shows a new mark wakes its worker; while warm it
+waits at most FAST for the baton, so it reads the bell every FAST seconds whatever the
+hand-overs do (a burst of work is a few milliseconds away from every idle worker, never a
+line of hand-overs), and a holder that lets go after a ring hands the baton to one of them
+at once: that one looks first, sees the ring, wakes its worker and lets go, and so the
+baton passes down the waiters until one with nothing new keeps it. If the holder's
 connection dies the server frees its locks and a waiter takes over.
 
 No ring is lost. A ring commits at tC, then its ringer reads the cold lock's holder (tI >
@@ -24,8 +28,9 @@ between two statements is dropped by the server, and one that ends a later state
 makes it look again). If nobody is cold at tI, every watch either reads the bell after tI
 in its next statement (a holder that is warm, about to take the cold lock, or the next one
 to take the baton: each looks before it sleeps), or waits for the baton behind one that
-does (a warm watch reads it every FAST seconds). The counter is the truth; KILL only
-shortens a sleep.
+does (a warm watch reads it every FAST seconds). A KILL the ringer's THROTTLE skips finds
+a holder that saw a ring less than THROTTLE ago: warm, it looks again within FAST. The
+counter is the truth; KILL only shortens a sleep.
 
 While KILLs do not arrive (a ringer of another database user without CONNECTION ADMIN, a
 connection kept open after its commit: a LONG sleep runs out although the bell moved,
@@ -35,7 +40,8 @@ MAX_USER_CONNECTIONS' 1226, the server away, GET_LOCK refused) it polls the bell
 seconds on the queue's pool and connects again after a backoff (from RETRY seconds,
 doubling to RETRY_MAX: longer than a sleep, so a lost connection's thread is gone first).
 
-What an idle fleet sends: the holder 1 / LONG statements a second, each waiter 1 / WAIT.
+What an idle fleet sends: the holder 1 / LONG statements a second, each waiter 1 / WAIT;
+warm, each watch about 1 / FAST, as when it polled.
 """
 
 from __future__ import annotations
@@ -54,7 +60,7 @@ from .mysql_bell import bell_names, lock_name
 
 log = logging.getLogger("aiojobqueue.listener")
 
-#: seconds between the holder's looks while warm, ...
+#: seconds a warm holder sleeps (a KILL ends it) and a warm waiter waits for the baton, ...
 FAST = 0.01
 #: ... for this many seconds after the bell last changed (above mysql_bell.THROTTLE); ...
 WARM = 1.0
