@@ -258,7 +258,11 @@ class BellWatch(Listener):
                 if int(row[0]) != self._last:
                     self._last = int(row[0])
                     self._rang_at = loop.time()
-                return  # (a KILL that announced nothing: the baton is taken again at once)
+                # the woken worker claims now: its statements go first, this watch's
+                # (taking the baton again, looking, sleeping) after (it reads the bell
+                # again within FAST; a waiter has the baton already)
+                await asyncio.sleep(FAST / 2)
+                return  # (a KILL that announced nothing: the baton is taken again)
             if int(mark) == self._last:
                 ran_out = slept
                 continue
