@@ -64,6 +64,8 @@ log = logging.getLogger("aiojobqueue.listener")
 FAST = 0.01
 #: ... for this many seconds after the bell last changed (above mysql_bell.THROTTLE); ...
 WARM = 1.0
+#: ... after a KILL woke the holder, before it takes the baton again (below FAST); ...
+REST = 0.005
 #: ... between polls while KILLs do not arrive or the watch has no connection; ...
 SLOW = 0.05
 #: ... a cold holder's sleep (a KILL ends it), and a waiter's wait for the baton
@@ -259,9 +261,9 @@ class BellWatch(Listener):
                     self._last = int(row[0])
                     self._rang_at = loop.time()
                 # the woken worker claims now: its statements go first, this watch's
-                # (taking the baton again, looking, sleeping) after (it reads the bell
-                # again within FAST; a waiter has the baton already)
-                await asyncio.sleep(FAST / 2)
+                # (taking the baton again, looking, sleeping) REST seconds after (a waiter
+                # has the baton already)
+                await asyncio.sleep(REST)
                 return  # (a KILL that announced nothing: the baton is taken again)
             if int(mark) == self._last:
                 ran_out = slept
