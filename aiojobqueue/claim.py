@@ -298,6 +298,13 @@ class Claimer:
             else:
                 census = Census(self, types)
                 await census.fill(conn, free)
+                if known is not None:
+                    # the known group's pick just came back empty in this transaction: not
+                    # picked again (ran_dry is what a second empty pick would lead to; on
+                    # InnoDB each pick also locks the ready rows of other types it reads
+                    # until the commit, which a claim of theirs beside this one skips)
+                    census.ran_dry(known)
+                    await census.fill(conn, free)
                 demand = census.demand
                 # idle_pick_stmt scans 2 x free + 8 groups: at most `busy` of them run jobs
                 self.idle_fits = census.busy <= free

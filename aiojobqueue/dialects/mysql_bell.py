@@ -52,9 +52,10 @@ log = logging.getLogger("aiojobqueue.listener")
 #: bell rows per queue (``wake:0`` ...): concurrent committers spread over them
 SHARDS = 8
 #: seconds between two KILLs of a queue's sleeper by one pool; well below mysql_watch.WARM:
-#: a watch that saw a ring polls (and takes no cold lock) for WARM seconds after, so the
-#: sleeper a skipped KILL would have found is one that looks again anyway
-THROTTLE = 0.2
+#: a watch that saw a ring sleeps only FAST seconds at a time for WARM seconds after, so the
+#: sleeper a skipped KILL would have found is one that looks again within FAST anyway (a
+#: busy pool ends the warm holder's sleep at most 20 times a second)
+THROTTLE = 0.05
 #: seconds a ringer's look-up and KILL may take before it says so in the log
 SLOW_WAKE = 0.2
 #: ``Connection.info`` keys (the pool record's: they outlive the checkout): the meta tables

@@ -4,17 +4,21 @@ the others wait for the baton in ``GET_LOCK`` (ringing side: mysql_bell.py).
 
 Each watch has a connection of its own for its whole life and loops::
 
-    wait:   SELECT b.m, IF(b.m <> <last>, NULL, GET_LOCK(<baton>, WAIT)) FROM (<sum>) b
-    hold:   look (SELECT <sum>) at once; then while warm (WARM seconds after the bell last
-            moved) look every FAST seconds, else take the cold lock (GET_LOCK(<cold>, 0))
-            and sleep:  SELECT b.m, IF(b.m <> <last>, 0, SLEEP(LONG)) FROM (<sum>) b
-            until the bell moved; then RELEASE_ALL_LOCKS() and wait again.
+    wait:   SELECT b.m, IF(b.m <> <last>, NULL, GET_LOCK(<baton>, W)) FROM (<sum>) b
+            (W = FAST while warm, i.e. WARM seconds after the bell last moved, else WAIT)
+    hold:   look (SELECT <sum>) at once; then take the cold lock (GET_LOCK(<cold>, 0)) and
+            sleep:  SELECT b.m, IF(b.m <> <last>, 0, SLEEP(S)) FROM (<sum>) b
+            (S = FAST while warm, else LONG) until the bell moved; then RELEASE_ALL_LOCKS()
+            (killed: in the statement that reads the bell) and wait again.
 
-A waiter whose read shows a new mark wakes its worker, polls every FAST seconds while warm
-(as the holder does: a burst of work is a few milliseconds away from every idle worker,
-not a line of hand-overs), then waits again; one that gets the baton looks first, so when
-the holder lets go after a ring, the baton passes down the line of waiters (each sees the
-ring, wakes its worker, lets go) until one with nothing new keeps it. If the holder's
+The one killable sleeper is the holder, warm or cold, so a ringer's KILL ends its sleep
+within a round trip of the commit (completion -> next start across processes comes while
+every watch is warm). A waiter whose read shows a new mark wakes its worker; while warm it
+waits at most FAST for the baton, so it reads the bell every FAST seconds whatever the
+hand-overs do (a burst of work is a few milliseconds away from every idle worker, never a
+line of hand-overs), and a holder that lets go after a ring hands the baton to one of them
+at once: that one looks first, sees the ring, wakes its worker and lets go, and so the
+baton passes down the waiters until one with nothing new keeps it. If the holder's
 connection dies the server frees its locks and a waiter takes over.
 
 No ring is lost. A ring commits at tC, then its ringer reads the cold lock's holder (tI >
@@ -24,8 +28,9 @@ between two statements is dropped by the server, and one that ends a later state
 makes it look again). If nobody is cold at tI, every watch either reads the bell after tI
 in its next statement (a holder that is warm, about to take the cold lock, or the next one
 to take the baton: each looks before it sleeps), or waits for the baton behind one that
-does (a warm watch reads it every FAST seconds). The counter is the truth; KILL only
-shortens a sleep.
+does (a warm watch reads it every FAST seconds). A KILL the ringer's THROTTLE skips finds
+a holder that saw a ring less than THROTTLE ago: warm, it looks again within FAST. The
+counter is the truth; KILL only shortens a sleep.
 
 While KILLs do not arrive (a ringer of another database user without CONNECTION ADMIN, a
 connection kept open after its commit: a LONG sleep runs out although the bell moved,
@@ -35,7 +40,8 @@ MAX_USER_CONNECTIONS' 1226, the server away, GET_LOCK refused) it polls the bell
 seconds on the queue's pool and connects again after a backoff (from RETRY seconds,
 doubling to RETRY_MAX: longer than a sleep, so a lost connection's thread is gone first).
 
-What an idle fleet sends: the holder 1 / LONG statements a second, each waiter 1 / WAIT.
+What an idle fleet sends: the holder 1 / LONG statements a second, each waiter 1 / WAIT;
+warm, each watch about 1 / FAST, as when it polled.
 """
 
 from __future__ import annotations
@@ -54,10 +60,12 @@ from .mysql_bell import bell_names, lock_name
 
 log = logging.getLogger("aiojobqueue.listener")
 
-#: seconds between the holder's looks while warm, ...
+#: seconds a warm holder sleeps (a KILL ends it) and a warm waiter waits for the baton, ...
 FAST = 0.01
 #: ... for this many seconds after the bell last changed (above mysql_bell.THROTTLE); ...
 WARM = 1.0
+#: ... after a KILL woke the holder, before it takes the baton again (below FAST); ...
+REST = 0.005
 #: ... between polls while KILLs do not arrive or the watch has no connection; ...
 SLOW = 0.05
 #: ... a cold holder's sleep (a KILL ends it), and a waiter's wait for the baton
@@ -95,6 +103,7 @@ class BellWatch(Listener):
                       f"%s)) FROM ({self._sum}) AS b")
         self._cold = f"SELECT GET_LOCK({lock_name(meta, 'cold')}, 0)"
         self._sleep = f"SELECT b.m, IF(b.m <> %s, 0, SLEEP(%s)) FROM ({self._sum}) AS b"
+        self._release = f"SELECT b.m, RELEASE_ALL_LOCKS() FROM ({self._sum}) AS b"
         rows = ", ".join(f"('{n}', '0')" for n in bell_names())
         #: the bell's rows, made by the first watch of the queue (a ring only updates)
         self._rows = f"INSERT IGNORE INTO `{meta}` (name, value) VALUES {rows}"
@@ -182,13 +191,14 @@ class BellWatch(Listener):
         """Return holding the baton, waking the worker for each new mark seen meanwhile."""
         loop = asyncio.get_running_loop()
         while True:
-            if loop.time() - self._rang_at < WARM:  # a burst: poll, as the holder does
-                await asyncio.sleep(FAST)
-                mark = await self._run(conn, self._sum)
-                if mark is not KILLED and int(mark) != self._last:
-                    self._moved(int(mark), on_wake)
-                continue
-            row = await self._run(conn, self._wait, (self._last, WAIT), WAIT, whole=True)
+            # warm (a burst): wait at most FAST for the baton, so this watch reads the bell
+            # every FAST seconds whatever the hand-overs do; a holder that lets go after a
+            # ring hands the baton to one of them at once (it looks first: a wake within
+            # a few round trips of the ringer's KILL, not at the next poll)
+            warm = loop.time() - self._rang_at < WARM
+            wait = FAST if warm else WAIT
+            began = loop.time()
+            row = await self._run(conn, self._wait, (self._last, wait), wait, whole=True)
             if row is KILLED:  # (a KILL meant for the holder this watch was)
                 continue
             mark, got = int(row[0]), row[1]
@@ -198,22 +208,26 @@ class BellWatch(Listener):
                 self.takes += 1
                 self.holding = True
                 return
+            elif warm and loop.time() - began < FAST / 2:
+                # (a server that rounds a fractional timeout down to 0 answered at once)
+                await asyncio.sleep(FAST)
 
     async def _hold(self, conn: AsyncConnection, on_wake: WakeCallback) -> None:
-        """Holding the baton: look, then poll or sleep until the bell moves; let go."""
+        """Holding the baton: look, then sleep on the server under the cold lock (FAST
+        seconds while warm, LONG after) or poll, until the bell moves; let go."""
         loop = asyncio.get_running_loop()
         first = True
         ran_out = False  # the last statement was a LONG sleep that nothing ended
         while True:
             now = loop.time()
-            calm = now - self._rang_at >= WARM and now >= self._trust_at
+            warm = now - self._rang_at < WARM
             slept = False
-            if first or not calm:
+            if first or now < self._trust_at:  # (the first look; polling: KILLs missing)
                 if self.cold:
                     await self._run(conn, f"DO RELEASE_LOCK({lock_name(self._meta, 'cold')})")
                     self.cold = False
                 if not first:
-                    await asyncio.sleep(FAST if now - self._rang_at < WARM else SLOW)
+                    await asyncio.sleep(FAST if warm else SLOW)
                 mark: Any = await self._run(conn, self._sum)
             else:
                 if not self.cold:
@@ -226,16 +240,31 @@ class BellWatch(Listener):
                                   "polling every %.0f ms", self._meta, SLOW * 1000)
                         self._trust_at = now + REPROBE
                         continue
-                mark = await self._run(conn, self._sleep, (self._last, LONG), LONG)
-                slept = True
+                # Warm, too, it sleeps where a ringer's KILL ends it (a FAST sleep: a KILL
+                # the ringer's THROTTLE skipped costs no more than the poll it replaces)
+                mark = await self._run(conn, self._sleep, (self._last, FAST if warm else LONG),
+                                       FAST if warm else LONG)
+                slept = not warm
             first = False
             self.polling = loop.time() < self._trust_at
-            if mark is KILLED:  # a ringer's, after its commit: wake the worker now
+            if mark is KILLED:  # a ringer's, after its commit: wake the worker now, ...
                 self.kills += 1
                 self._misses = 0
-                ran_out = False
                 on_wake("")
-                continue
+                # ... and let go of the baton in the statement that reads the bell, so that
+                # the next waiter takes it (and looks) one round trip sooner
+                row: Any = KILLED
+                while row is KILLED:
+                    row = await self._run(conn, self._release, whole=True)
+                self.holding = self.cold = False
+                if int(row[0]) != self._last:
+                    self._last = int(row[0])
+                    self._rang_at = loop.time()
+                # the woken worker claims now: its statements go first, this watch's
+                # (taking the baton again, looking, sleeping) REST seconds after (a waiter
+                # has the baton already)
+                await asyncio.sleep(REST)
+                return  # (a KILL that announced nothing: the baton is taken again)
             if int(mark) == self._last:
                 ran_out = slept
                 continue

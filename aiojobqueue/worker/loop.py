@@ -31,7 +31,7 @@ from .state import Running, WorkerState
 
 #: seconds until the next look after a claim was passed over (the 1st, 2nd, 3rd time in a
 #: row: the other claim ends in milliseconds unless the database is loaded); then the poll
-RELOOK = (0.02, 0.2, 2.0)
+RELOOK = (0.003, 0.01, 0.03, 0.2, 2.0)
 
 
 class Worker:
@@ -105,6 +105,8 @@ class Worker:
                     # Woken from idle by a notification (an enqueue elsewhere): go straight
                     # for the job (see Claimer.claim(quick=True)).
                     quick = await self._sleep_or_wake(delay) and self._poked and not out.outbox
+                    # a look again after a pass-over goes straight for the row it missed
+                    quick = quick or (0 < relooks <= len(RELOOK) and not out.outbox)
                 else:
                     await asyncio.sleep(0)  # let just-started handlers run: their slots count
                 if state.stopping:

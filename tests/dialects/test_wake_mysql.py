@@ -453,3 +453,44 @@ async def test_the_two_step_kill_wakes_too(watching: tuple[JobQueue, Watching]) 
         assert w.first_after(t0) - t0 < PROMPT
         await asyncio.sleep(0.5)  # cold again
     assert w.watch.kills == kills + 2 and bell.kills >= 2 and not bell.combined
+
+
+@pytest.fixture
+def long_warm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Watches that stay warm for a minute after a ring and, warm, poll only every 30 s
+    (FAST): what reaches a warm watch sooner is a KILL or the baton passing on."""
+    monkeypatch.setattr(mw, "FAST", 30.0)
+    monkeypatch.setattr(mw, "WARM", 60.0)
+    monkeypatch.setattr(mw, "LONG", 30.0)
+    monkeypatch.setattr(mw, "WAIT", 30.0)
+    monkeypatch.setattr(mb, "THROTTLE", 0.1)
+
+
+async def test_warm_watches_are_woken_by_another_processs_ring(
+    make_queue: Callable[..., JobQueue], long_warm: None, db_url: str, prefix: str
+) -> None:
+    """Right after a ring every watch is warm (a burst): one of them holds the baton and
+    sleeps on the server under the cold lock, the others wait for the baton. A ring from
+    another process then reaches the holder by its KILL and the waiters by the baton it
+    lets go of: all of them wake at once, not at their next warm look 30 s later (completion
+    -> next start across processes, where every watch is warm)."""
+    q = make_queue()
+    async with q:
+        ws = [Watching(q), Watching(q)]
+        try:
+            await asyncio.sleep(1.0)  # settled: one holder asleep, cold
+            t0 = time.time()
+            await q.enqueue("t", {})  # every watch sees it and is warm from now on
+            await asyncio.sleep(PROMPT)
+            assert max(w.first_after(t0) - t0 for w in ws) < PROMPT
+            await asyncio.sleep(0.5)  # the baton taken again, while warm
+            holders = [w.watch.thread for w in ws if w.watch.holding]
+            cold = await _cold_holder(q)
+            done, _err = await _produce(db_url, prefix, 2, 0.6)
+            await asyncio.sleep(PROMPT)
+        finally:
+            for w in ws:
+                await w.stop()
+    late = [w.first_after(t) - t for w in ws for t in done]
+    assert max(late) < PROMPT, late
+    assert len(holders) == 1 and cold == holders[0]
