@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import func, select
@@ -110,6 +111,8 @@ class Worker:
                     break
                 state.wake.clear()
                 self._poked = False
+                if state.held:
+                    await self._give_back_held()
                 want = s.capacity + rnd.prefetch(self._avg_run) - self._active - len(state.buffer)
                 want = await local_budget(s.local_limits, want)
                 # No new leases while this worker cannot renew the ones it has.
@@ -187,9 +190,42 @@ class Worker:
             r = self.state.running.get(c.id)
             if r is not None and r.claimed.attempt == c.attempt:
                 r.outcome_queued = True
+            nxt = self._swap(c)
+            if nxt is not None:  # its row becomes running where this outcome is written
+                outcome = replace(outcome, swap=(nxt[0].id, nxt[0].attempt))
             self.outcomes.add(outcome)
+            if nxt is not None:
+                self._start(*nxt)
             self.state.wake.set()  # the pump writes it with its next round
         self._fill()
+
+    def _swap(self, c: Claimed) -> tuple[Claimed, float] | None:
+        """A held job of ``c``'s group to start at once in the slot ``c`` just left (its
+        row, or the row of the job whose slot ``c`` took, is still ``running`` until the
+        round that writes ``c``'s outcome makes the held one ``running`` in its place).
+        None where the hand-over no longer applies to that group, or while leases are not
+        renewed."""
+        state, s = self.state, self.core.settings
+        q = state.held.get(c.group)
+        if (not q or state.stopping or self.core.claimer.single_group != c.group
+                or s.group_limits.get(c.group) == 0 or not self.leases.healthy()):
+            return None
+        nxt = q.popleft()
+        if not q:
+            del state.held[c.group]
+        return nxt
+
+    async def _give_back_held(self) -> None:
+        """Release the held jobs of a group the hand-over no longer applies to (another
+        group was found, the group was paused), so that no other group waits on them."""
+        state, s = self.state, self.core.settings
+        g = self.core.claimer.single_group
+        back: list[Claimed] = []
+        for grp in list(state.held):
+            if grp != g or s.group_limits.get(grp) == 0 or state.stopping:
+                back += [c for c, _ in state.held.pop(grp)]
+        if back:
+            await self.leases.give_back(back)
 
     def _forget(self, c: Claimed) -> None:
         state = self.state
@@ -230,7 +266,7 @@ class Worker:
         async def check(conn: Any) -> int:
             n = (await conn.execute(
                 select(func.count()).select_from(J).where(
-                    (J.c.state == lit(S.RUNNING))
+                    J.c.state.in_([lit(x) for x in S.LEASED_STATES])
                     | ((J.c.state == lit(S.READY)) & J.c.type.in_(types))
                     | ((J.c.state == lit(S.SCHEDULED)) & J.c.type.in_(types) & (J.c.attempts > 0))
                     | ((J.c.state == lit(S.SCHEDULED)) & J.c.type.in_(types)

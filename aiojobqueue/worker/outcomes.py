@@ -195,7 +195,7 @@ class Outcomes:
         out: set[tuple[int, int]] = set()
         for o in outs:
             r = rows.get(o.job_id)
-            if r is None or r.attempts != o.attempt or r.state == S.RUNNING:
+            if r is None or r.attempts != o.attempt or r.state in S.LEASED_STATES:
                 continue
             err_type = (r.error or {}).get("type") if isinstance(r.error, dict) else None
             mine = (
