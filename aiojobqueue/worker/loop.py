@@ -129,6 +129,8 @@ class Worker:
                 if want:
                     state.backlog = len(got) >= want
                 self._fill()
+                if state.held:
+                    self._swap_waiting()
                 if (self._idle_exit and not got and not state.running and not out.outbox
                         and not state.buffer and await self._idle(types)):
                     return
@@ -183,7 +185,7 @@ class Worker:
             self._active -= 1
         took = time.monotonic() - t0
         avg = self._avg_run
-        self._avg_run = took if avg is None else avg + (took - avg) * 0.1
+        self._avg_run = self.state.avg_run = took if avg is None else avg + (took - avg) * 0.1
         if outcome is None:  # lease lost: another attempt owns the job now
             self._forget(c)
         else:
@@ -214,6 +216,27 @@ class Worker:
         if not q:
             del state.held[c.group]
         return nxt
+
+    def _swap_waiting(self) -> None:
+        """Held jobs that arrived after their group's jobs ended: each starts in the slot of
+        an ended attempt whose outcome still waits in the outbox (that row is counted until
+        the outcome is written, which now makes the held row ``running`` first), while a
+        handler slot is free. Not an outcome whose earlier write may have committed (its row
+        may no longer count)."""
+        state, out, cap = self.state, self.outcomes, self.core.settings.capacity
+        for i, o in enumerate(out.outbox):
+            if not state.held or self._active >= cap:
+                return
+            if (o.swap is not None or o.kind == "released"
+                    or (o.job_id, o.attempt) in out.uncertain):
+                continue
+            r = state.running.get(o.job_id)
+            if r is None or r.claimed.attempt != o.attempt:
+                continue
+            nxt = self._swap(r.claimed)
+            if nxt is not None:
+                out.outbox[i] = replace(o, swap=(nxt[0].id, nxt[0].attempt))
+                self._start(*nxt)
 
     async def _give_back_held(self) -> None:
         """Release the held jobs of a group the hand-over no longer applies to (another

@@ -49,8 +49,9 @@ PREFETCH_FLOOR = 64
 #: everywhere, no more than PREFETCH_HORIZON seconds of work at the recent pace)
 SHARED_AHEAD = 8
 #: Under a counted cap, a worker holds at most this many jobs ahead per slot it holds
-#: (state ``leased``: see Claimer._take_over), and never more than its capacity times it
-HOLD_PER_SLOT = 1
+#: (state ``leased``: see Claimer._take_over), and in all no more than about
+#: PREFETCH_HORIZON seconds of work at its recent pace (one per slot at least)
+HOLD_PER_SLOT = 8
 
 
 class ParallelRound:
@@ -104,12 +105,13 @@ class ParallelRound:
         """A claim for the finalize to make too (see RoutineRound); none here."""
         return None
 
-    def hold_ask(self) -> Hold | None:
+    def hold_ask(self, batch: list[Outcome] | None = None) -> Hold | None:
         """What this round's hand-over may hold ahead (Claimer._take_over), or None: only
         under a counted cap with no RateLimit or local limit (a held job starts without
         asking them), for the one group a census last found alone, and while this worker
-        renews its leases. At most HOLD_PER_SLOT per slot of that group this worker will
-        hold (its running jobs of it that have not ended, plus the round's leases)."""
+        renews its leases. At most HOLD_PER_SLOT per slot of that group this worker holds
+        once ``batch`` is written (its attempts of that group whose outcome is not in it:
+        running, or ended with the outcome still to write), plus the round's leases."""
         core, state = self.core, self.state
         s, claimer = core.settings, core.claimer
         g = claimer.single_group
@@ -118,11 +120,13 @@ class ParallelRound:
                 or time.monotonic() - state.beat_ok_at >= s.lease_ttl - s.margin):
             return None
         have = state.held_count()
-        limit = HOLD_PER_SLOT * s.capacity
+        pace = s.capacity * PREFETCH_HORIZON / max(state.avg_run or PREFETCH_HORIZON, 1e-6)
+        limit = min(HOLD_PER_SLOT * s.capacity, max(s.capacity, int(pace)))
         if have >= limit:
             return None
+        ending = {(o.job_id, o.attempt) for o in batch or ()}
         slots = sum(1 for r in state.running.values()
-                    if r.claimed.group == g and not r.outcome_queued and not r.task.done())
+                    if r.claimed.group == g and (r.claimed.id, r.claimed.attempt) not in ending)
         return Hold(limit, HOLD_PER_SLOT * slots, have)
 
     def keep(self, got: list[Claimed], t0: float) -> None:
@@ -278,7 +282,7 @@ class ParallelRound:
                 r = state.running.get(jid)
                 if r is not None and freed.get(r.claimed.group, 0) > 0:
                     freed[r.claimed.group] -= 1
-            hold[0] = self.hold_ask() if capped else None  # (afresh if run again)
+            hold[0] = self.hold_ask(batch) if capped else None  # (afresh if run again)
             taken[:] = await core.claimer.claim(conn, want, types, quick, freed, hold[0])
             return applied
 

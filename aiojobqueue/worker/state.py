@@ -47,6 +47,8 @@ class WorkerState:
     beat_ok_at: float = 0.0
     #: the last claim got all it asked for (a backlog to run through)
     backlog: bool = False
+    #: moving average of handler run time, seconds (None before the first)
+    avg_run: float | None = None
 
     def held_count(self) -> int:
         """How many jobs this worker holds ahead."""
