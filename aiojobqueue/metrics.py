@@ -297,7 +297,8 @@ class _Gauges(Collector):
 
 
 def _jobs_family() -> GaugeMetricFamily:
-    return GaugeMetricFamily("aiojobqueue_jobs", "Jobs ready, running, scheduled and waiting, "
+    return GaugeMetricFamily("aiojobqueue_jobs", "Jobs ready, running, leased (held ahead), "
+                             "scheduled and waiting, "
                              "per group (the whole database)", labels=["state", "group"])
 
 
