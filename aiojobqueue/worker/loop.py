@@ -240,12 +240,17 @@ class Worker:
 
     async def _give_back_held(self) -> None:
         """Release the held jobs of a group the hand-over no longer applies to (another
-        group was found, the group was paused), so that no other group waits on them."""
+        group was found, the group was paused), so that no other group waits on them, and
+        of a group this worker holds no slot of any more (no job of it here, running,
+        ended or about to start: nothing would start them)."""
         state, s = self.state, self.core.settings
         g = self.core.claimer.single_group
+        slots = {r.claimed.group for r in state.running.values()}
+        slots.update(c.group for c, _ in state.buffer)
         back: list[Claimed] = []
         for grp in list(state.held):
-            if grp != g or s.group_limits.get(grp) == 0 or state.stopping:
+            if (grp != g or grp not in slots or s.group_limits.get(grp) == 0
+                    or state.stopping):
                 back += [c for c, _ in state.held.pop(grp)]
         if back:
             await self.leases.give_back(back)
