@@ -82,18 +82,19 @@ class LeaseAsk:
 @dataclass
 class Hold:
     """What a worker may hold ahead under a counted cap (Claimer._take_over): at most
-    ``limit`` leased jobs, and no more than its slots of the group once the claim's
-    running leases are added (``slots`` before them); it has ``have`` already. ``got``:
-    what the claim leased into ``leased``."""
+    ``limit`` leased jobs, and no more than ``per_slot`` per slot of the group it holds
+    once the claim's running leases are added (``slots`` before them); it has ``have``
+    already. ``got``: what the claim leased into ``leased``."""
 
     limit: int
     slots: int
     have: int
+    per_slot: int = 1
     got: list[Claimed] = field(default_factory=list)
 
     def room(self, leasing: int) -> int:
         """How many more to hold once the claim leases ``leasing`` jobs into running."""
-        return min(self.limit, self.slots + leasing) - self.have
+        return min(self.limit, self.per_slot * (self.slots + leasing)) - self.have
 
 
 def claimed_rows(rows: list[Any]) -> list[Claimed]:

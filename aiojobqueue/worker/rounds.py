@@ -48,9 +48,9 @@ PREFETCH_FLOOR = 64
 #: SQLite (SharedRound): at most max(SHARED_AHEAD, capacity) leases ahead (and, as
 #: everywhere, no more than PREFETCH_HORIZON seconds of work at the recent pace)
 SHARED_AHEAD = 8
-#: Under a counted cap, a worker holds at most this many jobs ahead per slot it holds
-#: (state ``leased``: see Claimer._take_over), and in all no more than about
-#: PREFETCH_HORIZON seconds of work at its recent pace (one per slot at least)
+#: Under a counted cap, a worker holds jobs ahead (state ``leased``: see
+#: Claimer._take_over) per slot it holds: about PREFETCH_HORIZON seconds of work at its
+#: recent pace, at least one and at most this many
 HOLD_PER_SLOT = 8
 
 
@@ -109,9 +109,10 @@ class ParallelRound:
         """What this round's hand-over may hold ahead (Claimer._take_over), or None: only
         under a counted cap with no RateLimit or local limit (a held job starts without
         asking them), for the one group a census last found alone, and while this worker
-        renews its leases. At most HOLD_PER_SLOT per slot of that group this worker holds
-        once ``batch`` is written (its attempts of that group whose outcome is not in it:
-        running, or ended with the outcome still to write), plus the round's leases."""
+        renews its leases. Per slot of that group this worker holds once ``batch`` is
+        written (its attempts of that group whose outcome is not in it: running, or ended
+        with the outcome still to write) and per slot the round leases: what it runs in
+        PREFETCH_HORIZON at its recent pace, one at least, HOLD_PER_SLOT at most."""
         core, state = self.core, self.state
         s, claimer = core.settings, core.claimer
         g = claimer.single_group
@@ -120,14 +121,15 @@ class ParallelRound:
                 or time.monotonic() - state.beat_ok_at >= s.lease_ttl - s.margin):
             return None
         have = state.held_count()
-        pace = s.capacity * PREFETCH_HORIZON / max(state.avg_run or PREFETCH_HORIZON, 1e-6)
-        limit = min(HOLD_PER_SLOT * s.capacity, max(s.capacity, int(pace)))
+        pace = PREFETCH_HORIZON / max(state.avg_run or PREFETCH_HORIZON, 1e-6)
+        per_slot = min(HOLD_PER_SLOT, max(1, int(pace)))
+        limit = per_slot * s.capacity
         if have >= limit:
             return None
         ending = {(o.job_id, o.attempt) for o in batch or ()}
         slots = sum(1 for r in state.running.values()
                     if r.claimed.group == g and (r.claimed.id, r.claimed.attempt) not in ending)
-        return Hold(limit, HOLD_PER_SLOT * slots, have)
+        return Hold(limit, slots, have, per_slot)
 
     def keep(self, got: list[Claimed], t0: float) -> None:
         """The jobs a hand-over leased into ``leased`` join the held ones."""
