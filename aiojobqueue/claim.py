@@ -276,15 +276,18 @@ class Claimer:
         if self._promotion_due(now, quick):
             await self.promote_due(conn)
             self.promoted_at = now
-        # only jobs to hold are asked for: a hand-over of no slot may lease them
-        holding = want <= 0 and hold is not None and hold.room(0) > 0
+        # jobs to hold: a hand-over of no slot may lease them (see below)
+        holding = hold is not None and hold.room(0) > 0
         asking = want > 0 or holding
         hand = self._handover(now, quick, freed, holding) if s.needs_gate and asking else None
         if (hand is None and freed is not None and (freed or holding) and s.needs_gate
                 and asking and not s.db_limits
                 and self.handover_stale(now, quick) and await self.still_one_group(conn, types)):
             hand = self._handover(now, quick, freed, holding)
-        if hand is not None:
+        # A hand-over that freed nothing only holds jobs: taken where this worker has no
+        # free slot, or its last count found the cap full (else the gated claim may find
+        # room the other workers freed)
+        if hand is not None and (hand[1] > 0 or want <= 0 or self.cap_full):
             return await self._take_over(conn, hand[0], min(want, hand[1]), types, freed, hold)
         if want <= 0:
             return []  # (only held jobs were asked for, and no hand-over applies)
@@ -431,7 +434,8 @@ class Claimer:
         got = len(out)
         if got < n:
             self.census_due = True
-        self.cap_full = False
+        if n > 0:  # (a hold alone frees nothing: the cap is as full as it was)
+            self.cap_full = False
         if freed and sum(freed.values()) > got:
             await self.db.ops.notify(conn)
         if hold is not None and got == n:
