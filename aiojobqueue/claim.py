@@ -284,11 +284,13 @@ class Claimer:
                 and asking and not s.db_limits
                 and self.handover_stale(now, quick) and await self.still_one_group(conn, types)):
             hand = self._handover(now, quick, freed, holding)
-        # A hand-over that freed nothing only holds jobs: taken where this worker has no
-        # free slot, or its last count found the cap full (else the gated claim may find
-        # room the other workers freed)
-        if hand is not None and (hand[1] > 0 or want <= 0 or self.cap_full):
-            return await self._take_over(conn, hand[0], min(want, hand[1]), types, freed, hold)
+        if hand is not None:
+            took = await self._take_over(conn, hand[0], min(want, hand[1]), types, freed, hold)
+            # A hand-over that freed nothing only holds jobs. Where this worker has free
+            # slots, the cap may have room the other workers freed: counted without the
+            # gate first (a read: it can only make this claim decline), then the gate
+            if hand[1] > 0 or want <= 0 or await self.cap_is_full(conn):
+                return took
         if want <= 0:
             return []  # (only held jobs were asked for, and no hand-over applies)
         count_running = self.count_running()
