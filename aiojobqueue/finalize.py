@@ -116,7 +116,8 @@ class Finalizer:
         self.on_split = on_split
         self.J = db.t.jobs
 
-    async def swap_in(self, conn: AsyncConnection, started: Sequence[tuple[int, int]]) -> None:
+    async def swap_in(self, conn: AsyncConnection, started: Sequence[tuple[int, int]],
+                      ending: Sequence[Outcome] = ()) -> None:
         """Make the held jobs ``started`` (id, attempt: leased to this worker, then started
         in the slots of attempts that ended) ``running``, in the transaction that writes
         those attempts' outcomes and before them: the caps' count of this worker's rows
@@ -125,6 +126,14 @@ class Finalizer:
         if not started:
             return
         J, s = self.J, self.settings
+        # Lock the held rows and the batch's (``ending``) in id order first: this
+        # transaction then takes its row locks in one order, as the heartbeat's one
+        # UPDATE of this worker's rows does (else the two can deadlock)
+        ids = sorted({i for i, _ in started} | {o.job_id for o in ending})
+        lock = self.db.stmt("finish.swap_lock", lambda: self.db.ops.for_update(
+            select(J.c.id).where(self.db.ops.in_ids_param(J.c.id, "ids")).order_by(J.c.id)))
+        for i in range(0, len(ids), CHUNK):
+            await conn.execute(lock, {"ids": ids[i : i + CHUNK]})
         stmt = self.db.stmt("finish.swap_in", lambda: update(J).where(
             self.db.ops.in_ids_param(J.c.id, "ids"), J.c.state == lit(S.LEASED),
             J.c.attempts == bindparam("a"), J.c.lease_owner == bindparam("o"),

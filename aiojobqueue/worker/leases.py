@@ -100,6 +100,11 @@ class Leases:
         # Renew only the attempts this process runs: a lease it holds without knowing (a
         # claim whose commit answer was lost) must not be kept alive forever.
         for i in range(0, len(ids), 1000):
+            if self.state.held:
+                # held rows too: lock in id order, as a round that swaps one in does (a
+                # single UPDATE's lock order follows its plan, which may not be by id)
+                conn.execute(ops.for_update(select(J.c.id).where(
+                    J.c.id.in_(ids[i : i + 1000])).order_by(J.c.id)))
             conn.execute(
                 update(J).where(J.c.state.in_([lit(x) for x in S.LEASED_STATES]),
                                 J.c.lease_owner == me,

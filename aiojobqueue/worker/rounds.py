@@ -225,11 +225,11 @@ class ParallelRound:
         started = swaps(batch)  # held jobs started in the batch's slots: running first
 
         async def counted(conn: Any) -> None:
-            await fin.swap_in(conn, started)
+            await fin.swap_in(conn, started, batch)
             await fin.finish_counted(conn, batch)
 
         async def detailed(conn: Any) -> list[Outcome]:
-            await fin.swap_in(conn, started)
+            await fin.swap_in(conn, started, batch)
             return await fin.finish_detailed(conn, batch)
 
         if self.counts(batch):
@@ -267,7 +267,7 @@ class ParallelRound:
         async def both(conn: Any) -> list[Outcome]:
             # the held jobs started in the batch's slots are running before those slots'
             # jobs leave `running` (Finalizer.swap_in)
-            await core.finalizer.swap_in(conn, started)
+            await core.finalizer.swap_in(conn, started, batch)
             if counted[0]:  # one UPDATE for the whole finalize, or Recount (rolled back)
                 await core.finalizer.finish_counted(conn, batch)
                 applied = list(batch)
