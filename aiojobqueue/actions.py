@@ -38,9 +38,9 @@ class Actions:
         if row.state in S.TERMINAL:
             return str(row.state)
         err = {"type": "Cancelled", "message": "cancelled by request"}
-        if row.state == S.RUNNING:
+        if row.state in S.LEASED_STATES:  # its worker stops it (a held one: gives it back)
             await conn.execute(update(J).where(J.c.id == job_id).values(cancel_requested=True))
-            return S.RUNNING
+            return str(row.state)
         await conn.execute(
             update(J).where(J.c.id == job_id).values(
                 state=S.CANCELLED, error=err, finished_at=db_now(), live_key=None

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .queue import JobQueue
 
 CHUNK = 500
-LEAF_STATES = (S.WAITING, S.SCHEDULED, S.READY, S.RUNNING, S.DONE, S.FAILED, S.CANCELLED)
+LEAF_STATES = (S.WAITING, S.SCHEDULED, S.READY, S.RUNNING, S.LEASED, S.DONE, S.FAILED, S.CANCELLED)
 
 
 # -- status ---------------------------------------------------------------------------------

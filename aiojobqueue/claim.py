@@ -79,6 +79,24 @@ class LeaseAsk:
     claimed: list[Claimed] = field(default_factory=list)
 
 
+@dataclass
+class Hold:
+    """What a worker may hold ahead under a counted cap (Claimer._take_over): at most
+    ``limit`` leased jobs, and no more than ``per_slot`` per slot of the group it holds
+    once the claim's running leases are added (``slots`` before them); it has ``have``
+    already. ``got``: what the claim leased into ``leased``."""
+
+    limit: int
+    slots: int
+    have: int
+    per_slot: int = 1
+    got: list[Claimed] = field(default_factory=list)
+
+    def room(self, leasing: int) -> int:
+        """How many more to hold once the claim leases ``leasing`` jobs into running."""
+        return min(self.limit, self.per_slot * (self.slots + leasing)) - self.have
+
+
 def claimed_rows(rows: list[Any]) -> list[Claimed]:
     """Leased rows (claim_columns()) in pick order (RETURNING rows come back unordered: a
     prefetched job starts after the better ones claimed with it). By position: a Row's
@@ -95,6 +113,8 @@ class Claimer:
         self.settings = settings
         self.db = db
         self.path: LeasePath = db.ops.lease_path(db, settings)
+        #: the same picks, leasing into ``leased`` (held ahead: see _take_over)
+        self.hold_path: LeasePath = type(self.path)(db, settings, S.LEASED)
         self.promoted_at = 0.0  # monotonic time of this process's last promotion sweep
         self.groups_at = 0.0  # ... and of its last census of groups with runnable jobs
         self.census_due = False  # a claim left the census to the next one (see claim())
@@ -217,28 +237,30 @@ class Claimer:
         window = max(GROUPS_EVERY, self.settings.poll_interval) if quick else GROUPS_EVERY
         return self.single_group is not None and now - self.groups_at >= window
 
-    def _handover(self, now: float, quick: bool, freed: Mapping[str, int] | None
-                  ) -> tuple[str, int] | None:
+    def _handover(self, now: float, quick: bool, freed: Mapping[str, int] | None,
+                  holding: bool = False) -> tuple[str, int] | None:
         """(group, at most how many) where this claim may take over the slots its own
         transaction's finalize freed (``freed``: jobs taken out of ``running`` by group)
         without the gate and without counting: one known group (no split to make, as in
         _known_group), no RateLimit (a start is spent whoever frees a slot). Leasing at
         most what was freed (and, for a capped group, at most what that group freed) in
         the same transaction leaves every count the caps hold at or below its value before
-        the transaction, so no claim under the gate can be misled into exceeding a cap."""
+        the transaction, so no claim under the gate can be misled into exceeding a cap.
+        ``holding``: only jobs to hold ahead are asked for (no slot is free here): (g, 0)
+        where the rest applies, whatever was freed (a held job is counted by no cap)."""
         s = self.settings
-        if not freed or s.db_limits or self.single_group is None or self.handover_stale(
-                now, quick):
+        if (freed is None or (not freed and not holding) or s.db_limits
+                or self.single_group is None or self.handover_stale(now, quick)):
             return None
         g = self.single_group
         if s.group_limits.get(g) == 0:
             return None  # paused: no hand-over keeps it running
         n = freed.get(g, 0) if g in s.group_limits else sum(freed.values())
-        return (g, n) if n > 0 else None
+        return (g, n) if n > 0 or holding else None
 
     async def claim(
         self, conn: AsyncConnection, want: int, types: list[str], quick: bool = False,
-        freed: Mapping[str, int] | None = None,
+        freed: Mapping[str, int] | None = None, hold: Hold | None = None,
     ) -> list[Claimed]:
         """Lease up to ``want`` jobs of ``types`` on ``conn`` (inside a write transaction).
 
@@ -246,19 +268,31 @@ class Claimer:
         straight for it. The promotion sweep and the census then run at most once per
         ``poll_interval`` (a tick) instead of every PROMOTE_EVERY / GROUPS_EVERY.
         ``freed``: the jobs (by group) that a finalize earlier in this same transaction
-        took out of ``running``; under a cap their slots may be handed over (_handover)."""
+        took out of ``running``; under a cap their slots may be handed over (_handover).
+        ``hold``: with a hand-over, also lease jobs ahead into ``leased`` (see _take_over)."""
         s, db = self.settings, self.db
         now = time.monotonic()
         self.passed_over = False
         if self._promotion_due(now, quick):
             await self.promote_due(conn)
             self.promoted_at = now
-        hand = self._handover(now, quick, freed) if s.needs_gate and want > 0 else None
-        if (hand is None and freed and s.needs_gate and want > 0 and not s.db_limits
+        # jobs to hold: a hand-over of no slot may lease them (see below)
+        holding = hold is not None and hold.room(0) > 0
+        asking = want > 0 or holding
+        hand = self._handover(now, quick, freed, holding) if s.needs_gate and asking else None
+        if (hand is None and freed is not None and (freed or holding) and s.needs_gate
+                and asking and not s.db_limits
                 and self.handover_stale(now, quick) and await self.still_one_group(conn, types)):
-            hand = self._handover(now, quick, freed)
+            hand = self._handover(now, quick, freed, holding)
         if hand is not None:
-            return await self._take_over(conn, hand[0], min(want, hand[1]), types, freed)
+            took = await self._take_over(conn, hand[0], min(want, hand[1]), types, freed, hold)
+            # A hand-over that freed nothing only holds jobs. Where this worker has free
+            # slots, the cap may have room the other workers freed: counted without the
+            # gate first (a read: it can only make this claim decline), then the gate
+            if hand[1] > 0 or want <= 0 or await self.cap_is_full(conn):
+                return took
+        if want <= 0:
+            return []  # (only held jobs were asked for, and no hand-over applies)
         count_running = self.count_running()
         if s.needs_gate:
             await db.ops.lock_gate(conn)
@@ -390,16 +424,31 @@ class Claimer:
         return True
 
     async def _take_over(self, conn: AsyncConnection, g: str, n: int, types: list[str],
-                         freed: Mapping[str, int] | None) -> list[Claimed]:
+                         freed: Mapping[str, int] | None, hold: Hold | None = None
+                         ) -> list[Claimed]:
         """Lease up to ``n`` of ``g``'s best jobs into the slots this transaction freed
         (see _handover). A short pick leaves the census (and the gate, for any slot still
         free) to the next claim, at once; where this worker could not take every freed
-        slot, the other workers are woken for the rest (delivered at commit)."""
-        out = await self.path.take(conn, g, n, types)
+        slot, the other workers are woken for the rest (delivered at commit).
+
+        ``hold``: then lease up to ``hold.room(got)`` more of ``g``'s jobs as ``leased``
+        (into ``hold.got``): held ahead, not started, counted by no cap. The worker starts
+        one only in a slot of ``g`` it holds, when that slot's job ends, and the
+        transaction that writes that job's outcome makes the held row ``running``
+        (Finalizer.swap_in): what runs never exceeds this worker's rows in ``running``,
+        which the caps count. Only where a hand-over applies (one known group, no
+        RateLimit, not paused), so no other group is kept waiting by it beyond the
+        hand-over's window: the worker gives them back when that stops holding."""
+        out = await self.path.take(conn, g, n, types) if n > 0 else []
         got = len(out)
         if got < n:
             self.census_due = True
-        self.cap_full = False
+        if n > 0:  # (a hold alone frees nothing: the cap is as full as it was)
+            self.cap_full = False
         if freed and sum(freed.values()) > got:
             await self.db.ops.notify(conn)
+        if hold is not None and got == n:
+            k = hold.room(got)
+            if k > 0:
+                hold.got += claimed_rows(await self.hold_path.take(conn, g, k, types))
         return claimed_rows(out)

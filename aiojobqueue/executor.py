@@ -80,7 +80,8 @@ class JobContext:
         async def write(conn: Any) -> int:
             res = await conn.execute(
                 update(J).where(
-                    J.c.id == c.id, J.c.attempts == c.attempt, J.c.state == lit(S.RUNNING),
+                    J.c.id == c.id, J.c.attempts == c.attempt,
+                    J.c.state.in_([lit(x) for x in S.LEASED_STATES]),
                     J.c.lease_owner == self._me,
                 ).values(checkpoint=state)
             )

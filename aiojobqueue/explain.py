@@ -124,7 +124,7 @@ async def explain(core: Core, job_id: int) -> Explanation:
         state = row.state
         if state in S.TERMINAL:
             reasons = [_terminal(row)]
-        elif state == S.RUNNING:
+        elif state in S.LEASED_STATES:  # (leased: held by its worker for its next free slot)
             reasons = [_running(row, now)]
         elif state in (S.WAITING, S.ACTIVE):
             reasons = [await _waiting_on(db, conn, row)]

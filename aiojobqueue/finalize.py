@@ -1,7 +1,8 @@
 """Fenced finalize: an attempt's outcome takes effect only if its worker still holds that
-attempt's lease (state running, same attempt number, same lease owner); otherwise it changes
-nothing. Every statement here runs in the caller's transaction (or is atomic by itself, for
-the autocommit paths), and hands what became terminal to ``settle.Settler``.
+attempt's lease (state running, or leased for a job held ahead, same attempt number, same
+lease owner); otherwise it changes nothing. Every statement here runs in the caller's
+transaction (or is atomic by itself, for the autocommit paths), and hands what became
+terminal to ``settle.Settler``.
 """
 
 from __future__ import annotations
@@ -51,6 +52,15 @@ class Outcome:
     #: A failure's new ``trace`` value (the first traced attempt's span added, for the
     #: retry's link: aiojobqueue.tracing); None leaves the column as it is.
     trace: dict[str, Any] | None = None
+    #: (job id, attempt) of a held job (state ``leased``) its worker started in this
+    #: attempt's slot when it ended: the transaction that writes this outcome makes that
+    #: row ``running`` first (Finalizer.swap_in), so the slot stays counted throughout.
+    swap: tuple[int, int] | None = None
+
+
+def swaps(batch: Iterable[Outcome]) -> list[tuple[int, int]]:
+    """The held jobs started in the slots of ``batch``'s attempts (Outcome.swap)."""
+    return [o.swap for o in batch if o.swap is not None]
 
 
 def plain_stmt(db: Database, alone: bool, ids: IdsMatch | None = None, attempt: Any = None,
@@ -105,6 +115,38 @@ class Finalizer:
         #: called when that call split the release of a wide fan-out (see fanout.py)
         self.on_split = on_split
         self.J = db.t.jobs
+
+    async def swap_in(self, conn: AsyncConnection, started: Sequence[tuple[int, int]],
+                      ending: Sequence[Outcome] = ()) -> None:
+        """Make the held jobs ``started`` (id, attempt: leased to this worker, then started
+        in the slots of attempts that ended) ``running``, in the transaction that writes
+        those attempts' outcomes and before them: the caps' count of this worker's rows
+        never drops below what it really runs. Fenced like a finalize; a row whose lease
+        was lost changes nothing (its heartbeat stops the attempt)."""
+        if not started:
+            return
+        J, s = self.J, self.settings
+        # Lock the held rows and the batch's (``ending``) in id order first: this
+        # transaction then takes its row locks in one order, as the heartbeat's one
+        # UPDATE of this worker's rows does (else the two can deadlock)
+        ids = sorted({i for i, _ in started} | {o.job_id for o in ending})
+        lock = self.db.stmt("finish.swap_lock", lambda: self.db.ops.for_update(
+            select(J.c.id).where(self.db.ops.in_ids_param(J.c.id, "ids")).order_by(J.c.id)))
+        for i in range(0, len(ids), CHUNK):
+            await conn.execute(lock, {"ids": ids[i : i + CHUNK]})
+        stmt = self.db.stmt("finish.swap_in", lambda: update(J).where(
+            self.db.ops.in_ids_param(J.c.id, "ids"), J.c.state == lit(S.LEASED),
+            J.c.attempts == bindparam("a"), J.c.lease_owner == bindparam("o"),
+        ).values(state=S.RUNNING, started_at=db_now(),
+                 lease_expires=utcnow_plus(s.lease_ttl)))
+        by: dict[int, list[int]] = defaultdict(list)
+        for jid, attempt in started:
+            by[attempt].append(jid)
+        for attempt, ids in sorted(by.items()):
+            ids.sort()
+            for i in range(0, len(ids), CHUNK):
+                await conn.execute(stmt, {"ids": ids[i : i + CHUNK], "a": attempt,
+                                          "o": s.worker_id})
 
     async def finish(self, conn: AsyncConnection, outcomes: Sequence[Outcome]) -> list[Outcome]:
         """Apply ``outcomes``, each only if its worker still holds that attempt's lease.
@@ -262,7 +304,8 @@ class Finalizer:
                 select(J.c.id, J.c.attempts, J.c.lease_owner, J.c.attempt_limit,
                        J.c.cancel_requested, J.c.cancelled_by, J.c.parent_id,
                        J.c.has_dependents)
-                .where(self.db.ops.in_ids_param(J.c.id, "ids"), J.c.state == lit(S.RUNNING))
+                .where(self.db.ops.in_ids_param(J.c.id, "ids"),
+                       J.c.state.in_([lit(x) for x in S.LEASED_STATES]))
                 .order_by(J.c.id)
             )
         for i in range(0, len(ids), CHUNK):

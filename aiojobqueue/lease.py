@@ -25,12 +25,13 @@ from .sql import lit
 from .timeutil import db_now, utcnow_plus
 
 
-def lease_values(t: S.Tables, ttl: Any, owner: Any) -> dict[str, Any]:
+def lease_values(t: S.Tables, ttl: Any, owner: Any, state: str = S.RUNNING) -> dict[str, Any]:
     """The SET clauses of a lease to ``owner`` for ``ttl`` seconds (values, or the one-call
-    routine's variables' expressions)."""
+    routine's variables' expressions). ``state``: ``leased`` for a job held ahead (see
+    Claimer._take_over)."""
     J = t.jobs
     return {
-        "state": S.RUNNING,
+        "state": state,
         "lease_owner": owner,
         "lease_expires": utcnow_plus(ttl),
         "attempts": J.c.attempts + 1,
@@ -113,16 +114,17 @@ async def ready_among(db: Database, conn: AsyncConnection, groups: list[str],
 
 class ReturningLease:
     """A group's pick and its lease in one statement, the rows back in the same round trip
-    (UPDATE ... RETURNING)."""
+    (UPDATE ... RETURNING). ``state``: what a lease sets (``leased``: held ahead)."""
 
-    def __init__(self, db: Database, settings: Settings) -> None:
+    def __init__(self, db: Database, settings: Settings, state: str = S.RUNNING) -> None:
         self.db = db
-        self.lease = lease_values(db.t, settings.lease_ttl, settings.worker_id)
+        self.state = state
+        self.lease = lease_values(db.t, settings.lease_ttl, settings.worker_id, state)
 
     async def pick(self, conn: AsyncConnection, g: str, n: int, types: list[str],
                    taken: list[Any]) -> int:
         """Lease up to ``n`` of ``g``'s best ready jobs; their rows join ``taken``."""
-        key = ("pick", tuple(types))
+        key = ("pick", tuple(types), self.state)
         stmt = self.db.stmts.get(key)
         if stmt is None:  # built once per handler-type set
             stmt = self.db.stmts[key] = pick_and_lease_stmt(
@@ -176,11 +178,12 @@ class PickThenLease:
     """Without UPDATE ... RETURNING: each group's pick locks its rows (SKIP LOCKED) and
     reads what the claim returns (claim_columns()) as it does; one UPDATE leases them all at
     the end. The rows are this claim's until commit, and the lease changes nothing they
-    carry but ``attempts`` (+ 1): no SELECT reads them back."""
+    carry but ``attempts`` (+ 1): no SELECT reads them back. ``state``: what a lease sets."""
 
-    def __init__(self, db: Database, settings: Settings) -> None:
+    def __init__(self, db: Database, settings: Settings, state: str = S.RUNNING) -> None:
         self.db = db
-        self.lease = lease_values(db.t, settings.lease_ttl, settings.worker_id)
+        self.state = state
+        self.lease = lease_values(db.t, settings.lease_ttl, settings.worker_id, state)
 
     async def pick(self, conn: AsyncConnection, g: str, n: int, types: list[str],
                    taken: list[Any]) -> int:
@@ -228,7 +231,8 @@ class PickThenLease:
     def _lease_stmt(self) -> Any:
         """The UPDATE leasing the jobs ``:ids`` (built once)."""
         db, J = self.db, self.db.t.jobs
-        return db.stmt("lease.ids", lambda: update(J).where(
+        key = "lease.ids" if self.state == S.RUNNING else f"lease.ids.{self.state}"
+        return db.stmt(key, lambda: update(J).where(
             db.ops.in_ids_param(J.c.id, "ids")).values(**self.lease))
 
 

@@ -69,7 +69,7 @@ log = logging.getLogger("aiojobqueue.metrics")
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
            120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, float("inf"))
 #: The states the ``aiojobqueue_jobs`` gauge counts (see the module docstring).
-GAUGE_STATES = (S.READY, S.RUNNING, S.SCHEDULED, S.WAITING)
+GAUGE_STATES = (S.READY, S.RUNNING, S.LEASED, S.SCHEDULED, S.WAITING)
 #: Started jobs' times are read in one batch at most this often (for the wait histogram).
 WAIT_EVERY = 1.0
 CHUNK = 1000
@@ -297,7 +297,8 @@ class _Gauges(Collector):
 
 
 def _jobs_family() -> GaugeMetricFamily:
-    return GaugeMetricFamily("aiojobqueue_jobs", "Jobs ready, running, scheduled and waiting, "
+    return GaugeMetricFamily("aiojobqueue_jobs", "Jobs ready, running, leased (held ahead), "
+                             "scheduled and waiting, "
                              "per group (the whole database)", labels=["state", "group"])
 
 

@@ -103,6 +103,8 @@ async def _upgrade_once(db: Database) -> int:
         await _v6_to_v7(db)
     if 0 < found < 8:
         await _v7_to_v8(db)
+    if 0 < found < 9:
+        await _v8_to_v9(db)
     async with db.engine.begin() as conn:
         await conn.run_sync(db.t.metadata.create_all, checkfirst=True)
     async with db.engine.begin() as conn:
@@ -291,6 +293,21 @@ async def _v7_to_v8(db: Database) -> None:
                 ix.create(sync_conn)
 
             await conn.run_sync(rebuild)
+
+
+async def _v8_to_v9(db: Database) -> None:
+    """v9: the ``leased`` state (a job leased ahead into a slot its worker holds under a
+    counted cap: see claim.Claimer._take_over) and its index ``ix_leased`` (state,
+    lease_owner, lease_expires; partial where the dialect has them). ``state`` is a plain
+    string column (no CHECK), so no row changes; the index is added only if missing, under
+    the gate's lock (one process migrates; the others wait, then find it). Workers of
+    v8 never lease into this state, and do not reclaim rows in it: upgrade the fleet's
+    workers together."""
+    J = db.t.jobs
+    ix = next(i for i in J.indexes if i.name == f"{_prefix(db)}ix_leased")
+    async with db.engine.begin() as conn:
+        await db.ops.lock_gate(conn)
+        await conn.run_sync(lambda sync_conn: ix.create(sync_conn, checkfirst=True))
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,9 @@ class JobState(StrEnum):
     SCHEDULED = "scheduled"  #: runnable once run_after passes (also: retry backoff)
     READY = "ready"  #: runnable now
     RUNNING = "running"  #: leased by a worker
+    #: leased ahead by a worker into a slot it holds under a counted cap (not yet started;
+    #: not counted by the caps)
+    LEASED = "leased"
     ACTIVE = "active"  #: a container whose children may run
     DONE = "done"
     FAILED = "failed"

@@ -122,7 +122,8 @@ class Reporter:
         async def write(conn: Any) -> int:
             res = await conn.execute(
                 update(J).where(J.c.id == c.id, J.c.attempts == c.attempt,
-                                J.c.state == lit(S.RUNNING), J.c.lease_owner == me)
+                                J.c.state.in_([lit(x) for x in S.LEASED_STATES]),
+                                J.c.lease_owner == me)
                 .values(progress=v))
             return int(res.rowcount)
 

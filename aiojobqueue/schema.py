@@ -37,16 +37,21 @@ from .dialects.columns import Id as _Id
 from .dialects.columns import Json as _Json
 from .dialects.columns import UTCDateTime, drop_routines_with
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 #: What a container not yet active adds to its children's ``pending`` (v3; was 1): larger
 #: than any count of dependencies, so activation tells the credited children apart.
 CREDIT = 1 << 30
 DEFAULT_PREFIX = "ajq_"
 
 WAITING, SCHEDULED, READY, RUNNING, ACTIVE = "waiting", "scheduled", "ready", "running", "active"
+#: v9: leased ahead into a slot this worker holds under a counted cap, not started and
+#: not counted by any cap (see claim.Claimer._take_over, docs/scheduling.md "Held slots")
+LEASED = "leased"
+#: what a worker holds a lease on: renewed by its heartbeat, reclaimed once expired
+LEASED_STATES = (RUNNING, LEASED)
 DONE, FAILED, CANCELLED = "done", "failed", "cancelled"
 TERMINAL = (DONE, FAILED, CANCELLED)
-LIVE = (WAITING, SCHEDULED, READY, RUNNING, ACTIVE)
+LIVE = (WAITING, SCHEDULED, READY, RUNNING, ACTIVE, LEASED)
 
 JOB, CONTAINER = "job", "container"
 
@@ -89,6 +94,14 @@ def v2_indexes(p: str, jobs: Table | None = None) -> list[Index]:
         Index(f"{p}ix_finished", "state", "finished_at", *args,
               **_where("finished_at IS NOT NULL")),
     ]
+
+
+def leased_index(p: str, jobs: Table | None = None) -> Index:
+    """v9: the ``leased`` rows (few: at most the slots each worker holds), for the
+    heartbeat's renewal and the reclaim of a dead worker's."""
+    args: list[Any] = [jobs] if jobs is not None else []
+    return Index(f"{p}ix_leased", "state", "lease_owner", "lease_expires", *args,
+                 **_partial(LEASED))
 
 
 def live_key_index(p: str) -> Index:
@@ -212,6 +225,7 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         ready_weight_index(p),
         Index(f"{p}ix_running", "state", "group_key", "lease_expires", **_partial(RUNNING)),
         Index(f"{p}ix_running_owner", "state", "lease_owner", **_partial(RUNNING)),
+        leased_index(p),
         Index(f"{p}ix_scheduled", "state", "run_after", **_partial(SCHEDULED)),
         *v2_indexes(p),
         *overview_indexes(p),

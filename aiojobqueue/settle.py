@@ -172,7 +172,8 @@ class Settler:
                 for i in range(0, len(jids), CHUNK):
                     part = jids[i : i + CHUNK]
                     await conn.execute(
-                        update(J).where(J.c.id.in_(part), J.c.state == lit(S.RUNNING))
+                        update(J).where(J.c.id.in_(part),
+                                       J.c.state.in_([lit(x) for x in S.LEASED_STATES]))
                         .values(cancel_requested=True, cancelled_by=c)
                     )
                     stmt = select(J.c.id).where(

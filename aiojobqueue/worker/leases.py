@@ -17,6 +17,7 @@ import asyncio
 import os
 import socket
 import time
+from collections import deque
 from functools import partial
 from typing import Any
 
@@ -65,6 +66,8 @@ class Leases:
             mine = {i: r.claimed.attempt for i, r in state.running.items()}
             # prefetched jobs are leased here too: renew them, never take them for orphans
             mine.update((c.id, c.attempt) for c, _ in state.buffer)
+            for q in state.held.values():  # and so are held ones
+                mine.update((c.id, c.attempt) for c, _ in q)
             ids = sorted(mine)
             try:
                 async with asyncio.timeout(max(s.lease_ttl, 5.0)):  # a hung link is no beat
@@ -97,8 +100,14 @@ class Leases:
         # Renew only the attempts this process runs: a lease it holds without knowing (a
         # claim whose commit answer was lost) must not be kept alive forever.
         for i in range(0, len(ids), 1000):
+            if self.state.held:
+                # held rows too: lock in id order, as a round that swaps one in does (a
+                # single UPDATE's lock order follows its plan, which may not be by id)
+                conn.execute(ops.for_update(select(J.c.id).where(
+                    J.c.id.in_(ids[i : i + 1000])).order_by(J.c.id)))
             conn.execute(
-                update(J).where(J.c.state == lit(S.RUNNING), J.c.lease_owner == me,
+                update(J).where(J.c.state.in_([lit(x) for x in S.LEASED_STATES]),
+                                J.c.lease_owner == me,
                                 J.c.id.in_(ids[i : i + 1000]))
                 .values(lease_expires=utcnow_plus(s.lease_ttl))
             )
@@ -112,7 +121,7 @@ class Leases:
                 started_at=db_now(), **vals))
         rows = conn.execute(
             select(J.c.id, J.c.attempts, J.c.cancel_requested)
-            .where(J.c.state == lit(S.RUNNING), J.c.lease_owner == me)
+            .where(J.c.state.in_([lit(x) for x in S.LEASED_STATES]), J.c.lease_owner == me)
         )
         return list(rows)
 
@@ -141,8 +150,32 @@ class Leases:
         # Leased to us in the database but not running here (a claim whose commit answer
         # was lost): release them. Seen on two beats in a row with no claim in flight, so a
         # claim that committed but has not started its jobs yet is never mistaken for one.
+        # Held jobs known before the beat: one whose lease was lost is never started here;
+        # one whose cancel was requested is given back (its release becomes the cancel).
+        back = []
+        for grp, q in list(state.held.items()):
+            keep: deque[tuple[Any, float]] = deque()
+            for c, t in q:
+                h = held.get(c.id)
+                if mine.get(c.id) != c.attempt:
+                    keep.append((c, t))
+                elif h is None or h.attempts != c.attempt:
+                    log.warning("held job %s attempt %s lost its lease", c.id, c.attempt,
+                                extra=extra(me, c))
+                elif h.cancel_requested:
+                    back.append(c)
+                else:
+                    keep.append((c, t))
+            if keep:
+                state.held[grp] = keep
+            else:
+                del state.held[grp]
+        if back:
+            await self.give_back(back)
         unknown = set()
         buffered = {(c.id, c.attempt) for c, _ in state.buffer}
+        for q in state.held.values():
+            buffered.update((c.id, c.attempt) for c, _ in q)
         for h in rows:
             r = state.running.get(h.id)
             if (r is None or r.claimed.attempt != h.attempts) and (
@@ -173,6 +206,20 @@ class Leases:
             self.orphans -= {(o.job_id, o.attempt) for o in done}
             self.state.wake.set()
 
+    async def give_back(self, claims: list[Any]) -> None:
+        """Release held jobs (state ``leased``, never started here): ready again at once,
+        the attempt not counted. Where the database is away they stay leased to this
+        worker, unknown here: the heartbeat releases them as orphans."""
+        core = self.core
+        outs = [Outcome(c.id, c.attempt, core.settings.worker_id, "released") for c in claims]
+        fin = core.finalizer
+        try:
+            await core.db.write(lambda conn: fin.finish_detailed(conn, outs))
+        except Exception as exc:
+            if not core.db.is_outage(exc):
+                raise
+            log.warning("could not give back %d held job(s) (%s)", len(outs), brief(exc))
+
     async def release_all_orphans(self) -> None:
         """At shutdown: release every lease this worker holds whose outcome is not queued."""
         core, state = self.core, self.state
@@ -181,7 +228,8 @@ class Leases:
         async def owned(conn: Any) -> list[Any]:
             return list(await conn.execute(
                 select(J.c.id, J.c.attempts)
-                .where(J.c.state == lit(S.RUNNING), J.c.lease_owner == me)))
+                .where(J.c.state.in_([lit(x) for x in S.LEASED_STATES]),
+                       J.c.lease_owner == me)))
 
         rows = await core.db.read(owned)
         orphans = []
@@ -225,7 +273,8 @@ class Reclaimer:
         J = db.t.jobs
         # Never our own: we renew what we run, flush what we ran (after an outage the
         # outcome may still be queued here) and release orphans ourselves.
-        expired = (J.c.state == lit(S.RUNNING), J.c.lease_expires < db_now(),
+        # (a dead worker's held jobs as well: one may have been started in a freed slot)
+        expired = (J.c.state.in_([lit(x) for x in S.LEASED_STATES]), J.c.lease_expires < db_now(),
                    J.c.lease_owner != s.worker_id)
 
         async def any_expired(conn: Any) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import func, select
@@ -113,6 +114,8 @@ class Worker:
                     break
                 state.wake.clear()
                 self._poked = False
+                if state.held:
+                    await self._give_back_held()
                 usual = s.capacity + rnd.prefetch(self._avg_run)
                 want = usual - self._active - len(state.buffer)
                 want = await local_budget(s.local_limits, want)
@@ -138,6 +141,8 @@ class Worker:
                 if want:
                     state.backlog = len(got) >= want
                 self._fill()
+                if state.held:
+                    self._swap_waiting()
                 if (self._idle_exit and not got and not state.running and not out.outbox
                         and not state.buffer and await self._idle(types)):
                     return
@@ -192,16 +197,75 @@ class Worker:
             self._active -= 1
         took = time.monotonic() - t0
         avg = self._avg_run
-        self._avg_run = took if avg is None else avg + (took - avg) * 0.1
+        self._avg_run = self.state.avg_run = took if avg is None else avg + (took - avg) * 0.1
         if outcome is None:  # lease lost: another attempt owns the job now
             self._forget(c)
         else:
             r = self.state.running.get(c.id)
             if r is not None and r.claimed.attempt == c.attempt:
                 r.outcome_queued = True
+            nxt = self._swap(c)
+            if nxt is not None:  # its row becomes running where this outcome is written
+                outcome = replace(outcome, swap=(nxt[0].id, nxt[0].attempt))
             self.outcomes.add(outcome)
+            if nxt is not None:
+                self._start(*nxt)
             self.state.wake.set()  # the pump writes it with its next round
         self._fill()
+
+    def _swap(self, c: Claimed) -> tuple[Claimed, float] | None:
+        """A held job of ``c``'s group to start at once in the slot ``c`` just left (its
+        row, or the row of the job whose slot ``c`` took, is still ``running`` until the
+        round that writes ``c``'s outcome makes the held one ``running`` in its place).
+        None where the hand-over no longer applies to that group, or while leases are not
+        renewed."""
+        state, s = self.state, self.core.settings
+        q = state.held.get(c.group)
+        if (not q or state.stopping or self.core.claimer.single_group != c.group
+                or s.group_limits.get(c.group) == 0 or not self.leases.healthy()):
+            return None
+        nxt = q.popleft()
+        if not q:
+            del state.held[c.group]
+        return nxt
+
+    def _swap_waiting(self) -> None:
+        """Held jobs that arrived after their group's jobs ended: each starts in the slot of
+        an ended attempt whose outcome still waits in the outbox (that row is counted until
+        the outcome is written, which now makes the held row ``running`` first), while a
+        handler slot is free. Not an outcome whose earlier write may have committed (its row
+        may no longer count)."""
+        state, out, cap = self.state, self.outcomes, self.core.settings.capacity
+        for i, o in enumerate(out.outbox):
+            if not state.held or self._active >= cap:
+                return
+            if (o.swap is not None or o.kind == "released"
+                    or (o.job_id, o.attempt) in out.uncertain):
+                continue
+            r = state.running.get(o.job_id)
+            if r is None or r.claimed.attempt != o.attempt:
+                continue
+            nxt = self._swap(r.claimed)
+            if nxt is not None:
+                out.outbox[i] = replace(o, swap=(nxt[0].id, nxt[0].attempt))
+                self._start(*nxt)
+
+    async def _give_back_held(self) -> None:
+        """Release the held jobs of a group the hand-over no longer applies to (another
+        group was found, the group was paused), so that no other group waits on them, and
+        of a group this worker holds no slot of any more (no job of it here, running,
+        ended or about to start: nothing would start them)."""
+        state, s = self.state, self.core.settings
+        g = self.core.claimer.single_group
+        slots = {r.claimed.group for r in state.running.values()}
+        slots.update(c.group for c, _ in state.buffer)
+        back: list[Claimed] = []
+        for grp in list(state.held):
+            if (grp != g or grp not in slots or s.group_limits.get(grp) == 0
+                    or state.stopping):
+                back += [c for c, _ in state.held.pop(grp)]
+        if back:
+            await self.leases.give_back(back)
 
     def _forget(self, c: Claimed) -> None:
         state = self.state
@@ -242,7 +306,7 @@ class Worker:
         async def check(conn: Any) -> int:
             n = (await conn.execute(
                 select(func.count()).select_from(J).where(
-                    (J.c.state == lit(S.RUNNING))
+                    J.c.state.in_([lit(x) for x in S.LEASED_STATES])
                     | ((J.c.state == lit(S.READY)) & J.c.type.in_(types))
                     | ((J.c.state == lit(S.SCHEDULED)) & J.c.type.in_(types) & (J.c.attempts > 0))
                     | ((J.c.state == lit(S.SCHEDULED)) & J.c.type.in_(types)

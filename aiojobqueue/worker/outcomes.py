@@ -65,10 +65,14 @@ class Outcomes:
         batch, self.outbox = self.outbox[:n], self.outbox[n:]
         return batch
 
-    async def flush(self) -> bool:
-        """Write the next batch alone (no claim); False if the write failed."""
+    async def flush(self, beside_pump: bool = False) -> bool:
+        """Write the next batch alone (no claim); False if the write failed.
+        ``beside_pump``: not if the pump's claim ended while this waited for the lock (its
+        next round writes them, with a claim: see flusher)."""
         assert self.finalize is not None
         async with self.lock:
+            if beside_pump and self.pumping and not self.state.claiming:
+                return True
             batch = self.take()
             return not batch or await self.write(batch, partial(self.finalize, batch, None))
 
@@ -82,7 +86,7 @@ class Outcomes:
             self.event.clear()
             if self.pumping and not self.state.claiming:
                 continue  # the pump writes outcomes with its next round (fewer commits)
-            if await self.flush():
+            if await self.flush(beside_pump=True):
                 delay = 0.05
                 continue
             await asyncio.sleep(delay)
@@ -199,7 +203,7 @@ class Outcomes:
         out: set[tuple[int, int]] = set()
         for o in outs:
             r = rows.get(o.job_id)
-            if r is None or r.attempts != o.attempt or r.state == S.RUNNING:
+            if r is None or r.attempts != o.attempt or r.state in S.LEASED_STATES:
                 continue
             err_type = (r.error or {}).get("type") if isinstance(r.error, dict) else None
             mine = (

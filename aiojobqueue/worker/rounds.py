@@ -26,13 +26,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
-from ..claim import Claimed, LeaseAsk
+from ..claim import Claimed, Hold, LeaseAsk
 from ..core import Core
-from ..finalize import Outcome, Recount
+from ..finalize import Outcome, Recount, swaps
 from ..logs import brief
 from .outcomes import Outcomes
 from .report import log
@@ -47,6 +48,10 @@ PREFETCH_FLOOR = 64
 #: SQLite (SharedRound): at most max(SHARED_AHEAD, capacity) leases ahead (and, as
 #: everywhere, no more than PREFETCH_HORIZON seconds of work at the recent pace)
 SHARED_AHEAD = 8
+#: Under a counted cap, a worker holds jobs ahead (state ``leased``: see
+#: Claimer._take_over) per slot it holds: about PREFETCH_HORIZON seconds of work at its
+#: recent pace, at least one and at most this many
+HOLD_PER_SLOT = 8
 
 
 class ParallelRound:
@@ -75,7 +80,8 @@ class ParallelRound:
                 # them still held and the freed slots would wait for the next poll). A
                 # RateLimit alone counts starts, which no finalize frees: the claim (under
                 # the gate) runs beside the finalize as when uncapped.
-                if want and batch and self.core.settings.counts_slots:
+                if (want or self.hold_ask() is not None) and batch and (
+                        self.core.settings.counts_slots):
                     return await self.capped(batch, want, types, quick)
                 # With no backlog, a finalize that may release jobs (a dependent, a
                 # container's next child) goes first, so this round's claim already sees
@@ -101,6 +107,37 @@ class ParallelRound:
     def ask(self, want: int, types: list[str], quick: bool) -> LeaseAsk | None:
         """A claim for the finalize to make too (see RoutineRound); none here."""
         return None
+
+    def hold_ask(self, batch: list[Outcome] | None = None) -> Hold | None:
+        """What this round's hand-over may hold ahead (Claimer._take_over), or None: only
+        under a counted cap with no RateLimit or local limit (a held job starts without
+        asking them), for the one group a census last found alone, and while this worker
+        renews its leases. Per slot of that group this worker holds once ``batch`` is
+        written (its attempts of that group whose outcome is not in it: running, or ended
+        with the outcome still to write) and per slot the round leases: what it runs in
+        PREFETCH_HORIZON at its recent pace, one at least, HOLD_PER_SLOT at most."""
+        core, state = self.core, self.state
+        s, claimer = core.settings, core.claimer
+        g = claimer.single_group
+        if (g is None or not s.counts_slots or s.db_limits or s.local_limits
+                or state.stopping or s.group_limits.get(g) == 0
+                or time.monotonic() - state.beat_ok_at >= s.lease_ttl - s.margin):
+            return None
+        have = state.held_count()
+        pace = PREFETCH_HORIZON / max(state.avg_run or PREFETCH_HORIZON, 1e-6)
+        per_slot = min(HOLD_PER_SLOT, max(1, int(pace)))
+        limit = per_slot * s.capacity
+        if have >= limit:
+            return None
+        ending = {(o.job_id, o.attempt) for o in batch or ()}
+        slots = sum(1 for r in state.running.values()
+                    if r.claimed.group == g and (r.claimed.id, r.claimed.attempt) not in ending)
+        return Hold(limit, slots, have, per_slot)
+
+    def keep(self, got: list[Claimed], t0: float) -> None:
+        """The jobs a hand-over leased into ``leased`` join the held ones."""
+        for c in got:
+            self.state.held.setdefault(c.group, deque()).append((c, t0))
 
     def prefetch(self, avg_run: float | None) -> int:
         """Extra jobs to lease ahead of free slots: about what this worker starts within
@@ -188,11 +225,21 @@ class ParallelRound:
         one counted UPDATE (finish_counted), or, where it falls short, rolled back and
         written again."""
         fin, db = self.core.finalizer, self.core.db
+        started = swaps(batch)  # held jobs started in the batch's slots: running first
+
+        async def counted(conn: Any) -> None:
+            await fin.swap_in(conn, started, batch)
+            await fin.finish_counted(conn, batch)
+
+        async def detailed(conn: Any) -> list[Outcome]:
+            await fin.swap_in(conn, started, batch)
+            return await fin.finish_detailed(conn, batch)
+
         if self.counts(batch):
             with contextlib.suppress(Recount):
-                await db.write(lambda conn: fin.finish_counted(conn, batch), retries=0)
+                await db.write(counted, retries=0)
                 return list(batch)
-        return await db.write(lambda conn: fin.finish_detailed(conn, batch), retries=0)
+        return await db.write(detailed, retries=0)
 
     async def capped(self, batch: list[Outcome], want: int, types: list[str],
                      quick: bool) -> tuple[bool, list[Claimed]]:
@@ -215,10 +262,15 @@ class ParallelRound:
         t0 = time.monotonic()
         taken: list[Claimed] = []
         capped = core.settings.needs_gate
+        started = swaps(batch)
+        hold: list[Hold | None] = [None]
 
         counted = [self.counts(batch)]
 
         async def both(conn: Any) -> list[Outcome]:
+            # the held jobs started in the batch's slots are running before those slots'
+            # jobs leave `running` (Finalizer.swap_in)
+            await core.finalizer.swap_in(conn, started, batch)
             if counted[0]:  # one UPDATE for the whole finalize, or Recount (rolled back)
                 await core.finalizer.finish_counted(conn, batch)
                 applied = list(batch)
@@ -231,7 +283,12 @@ class ParallelRound:
                 r = state.running.get(o.job_id)
                 if r is not None and r.claimed.attempt == o.attempt:
                     freed[r.claimed.group] = freed.get(r.claimed.group, 0) + 1
-            taken[:] = await core.claimer.claim(conn, want, types, quick, freed)
+            for jid, _a in started if capped else ():  # each took one of those slots
+                r = state.running.get(jid)
+                if r is not None and freed.get(r.claimed.group, 0) > 0:
+                    freed[r.claimed.group] -= 1
+            hold[0] = self.hold_ask(batch) if capped else None  # (afresh if run again)
+            taken[:] = await core.claimer.claim(conn, want, types, quick, freed, hold[0])
             return applied
 
         state.claiming = True
@@ -250,6 +307,8 @@ class ParallelRound:
         finally:
             state.claiming = False
         state.buffer.extend((c, t0) for c in taken)
+        if hold[0] is not None:
+            self.keep(hold[0].got, t0)
         got.extend(taken)
         return applied
 
@@ -265,7 +324,7 @@ class SharedRound(ParallelRound):
         try:
             async with out.lock:
                 batch = out.take()
-                if batch and want:
+                if batch and (want or self.hold_ask() is not None):
                     leased: list[Claimed] = []
                     wrote = await out.write(batch, partial(
                         self._finalize_and_claim, batch, want, types, quick, leased))
@@ -308,8 +367,8 @@ class AutocommitRound(ParallelRound):
         batch's fast successes, where the caller has them.)"""
         if fast is None:
             fast = self.fast(batch)
-        if not fast:
-            return await super().finalize(batch)
+        if not fast or swaps(batch):  # (held jobs to make running: one transaction)
+            return await ParallelRound.finalize(self, batch)
         fin = self.core.finalizer
         took = await self.core.db.autocommit(lambda conn: fin.finish_fast(conn, fast))
         return await self._rest(batch, fast, took)
@@ -347,7 +406,9 @@ class RoutineRound(AutocommitRound):
         replacements (no more than it finished: no gate); else as ParallelRound."""
         core, claimer = self.core, self.core.claimer
         ask: LeaseAsk | None = None
-        freeing = self._freeing(batch)
+        # Held jobs to make running, or to lease: the transaction of ParallelRound.capped
+        # (the routine makes no row `leased` nor `running` from `leased`).
+        freeing = None if swaps(batch) or self.hold_ask() is not None else self._freeing(batch)
         if freeing is not None:
             ask = claimer.hand_ask(want, types, quick, freeing)
             if (ask is None and claimer.handover_stale(time.monotonic(), quick)
@@ -383,6 +444,8 @@ class RoutineRound(AutocommitRound):
         riding along: the jobs it leased go to the buffer (and ``ask.claimed``) at once."""
         if fast is None:
             fast = self.fast(batch)
+        if swaps(batch):  # held jobs to make running first: one transaction (ParallelRound)
+            return await ParallelRound.finalize(self, batch)
         done = [o for o in batch if o.kind == "done"]
         if len(fast) == len(done) and (ask is None or not ask.hand):
             return await super().finalize(batch, None, fast)

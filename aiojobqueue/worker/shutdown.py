@@ -28,6 +28,8 @@ async def drain(core: Core, state: WorkerState, outcomes: Outcomes, leases: Leas
     Flushes outcomes itself (the flusher may already be gone if a side loop crashed) and
     finally releases any lease this worker holds without running the job."""
     state.stopping = True
+    # held jobs never start now: released with the other leases left (release_all_orphans)
+    state.held.clear()
     s = core.settings
     busy = sum(1 for r in state.running.values() if not r.task.done())
     if busy:  # WARNING: a wait the user sees (logs.py: visible by default)

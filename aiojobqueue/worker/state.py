@@ -35,6 +35,10 @@ class WorkerState:
     #: leased (prefetched or just claimed) jobs waiting for a free handler slot, with the
     #: monotonic time their lease was taken
     buffer: deque[tuple[Claimed, float]] = field(default_factory=deque)
+    #: held jobs (state ``leased``, counted by no cap) by group, with the monotonic time of
+    #: their lease: one starts only in a slot of its group whose job just ended (see
+    #: Worker._swap, Claimer._take_over)
+    held: dict[str, deque[tuple[Claimed, float]]] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     stopping: bool = False
     #: a claim is in flight (its rows may be committed but not yet started here)
@@ -43,6 +47,12 @@ class WorkerState:
     beat_ok_at: float = 0.0
     #: the last claim got all it asked for (a backlog to run through)
     backlog: bool = False
+    #: moving average of handler run time, seconds (None before the first)
+    avg_run: float | None = None
+
+    def held_count(self) -> int:
+        """How many jobs this worker holds ahead."""
+        return sum(len(q) for q in self.held.values())
 
     def alone(self, job_id: int, attempt: int) -> bool:
         """Whether the job had no parent and no dependents when leased: finalizing it makes

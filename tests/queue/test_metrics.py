@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from sqlalchemy import event
 
 from aiojobqueue import JobContext, JobQueue
-from aiojobqueue.metrics import gauge_queries, register, serve_metrics
+from aiojobqueue.metrics import GAUGE_STATES, gauge_queries, register, serve_metrics
 from bench.metrics_plans import fill, plans
 
 
@@ -164,7 +164,7 @@ async def test_gauges_are_read_from_a_scrape_thread(make_queue: Callable[..., Jo
             before = len(reads)
             for _ in range(3):
                 await asyncio.to_thread(scrape, reg)
-            assert len(reads) - before == 4  # one read: a statement per state
+            assert len(reads) - before == len(GAUGE_STATES)  # one read: a statement per state
             text = (await asyncio.to_thread(generate_latest, reg)).decode()
             assert 'aiojobqueue_jobs{group="b",state="ready"} 2.0' in text
             # from the loop's own thread: no wait on itself; the counts it schedules land

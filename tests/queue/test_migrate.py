@@ -359,7 +359,7 @@ async def test_v6_schema_gains_the_trace_column_and_the_overview_indexes(
         async with q2.engine.connect() as conn:
             v = (await conn.execute(select(M.c.value).where(M.c.name == "schema_version"))
                  ).scalar_one()
-            assert v == str(SCHEMA_VERSION) == "8"
+            assert v == str(SCHEMA_VERSION) == "9"
             have = await conn.run_sync(indexes)
         assert (have & names) == (names if partial else set())
         provider(TracerProvider())
@@ -409,7 +409,7 @@ async def test_v7_rate_ledger_gains_starts_and_its_rows_count_one_each(
         async with q2.engine.connect() as conn:
             v = (await conn.execute(select(M.c.value).where(M.c.name == "schema_version"))
                  ).scalar_one()
-            assert v == str(SCHEMA_VERSION) == "8"
+            assert v == str(SCHEMA_VERSION) == "9"
             assert sorted(r[0] for r in await conn.execute(select(R.c.starts))) == [1, 1, 1]
             found = await conn.run_sync(lambda c: {
                 i["name"]: i["column_names"] for i in inspect(c).get_indexes(R.name)})
@@ -423,3 +423,37 @@ async def test_v7_rate_ledger_gains_starts_and_its_rows_count_one_each(
             assert await lim.budget(conn, q2._t) == 0
     assert sorted(ran) == sorted(r.id for r in refs)
     assert sum(rows) == 6 and len(rows) < 6  # the new claims took one row each, not one a start
+
+
+async def test_v8_schema_gains_the_leased_index(make_queue: Callable[..., JobQueue]) -> None:
+    """v9 adds the ``leased`` state (jobs a capped worker holds ahead) and its index
+    ``ix_leased``: a v8 schema (no such index) gains it on upgrade, and a v9 worker then
+    serves it under a cap (holding jobs ahead)."""
+    q = make_queue()
+    async with q:
+        J, M = q._t.jobs, q._t.meta
+        ix = f"{q.prefix}ix_leased"
+        async with q.engine.begin() as conn:  # back to what v8 looked like
+            on = f" ON {J.name}" if conn.dialect.name in ("mysql", "mariadb") else ""
+            await conn.execute(text(f"DROP INDEX {ix}{on}"))
+            await conn.execute(update(M).where(M.c.name == "schema_version").values(value="8"))
+
+    q2 = make_queue(concurrency=2, capacity=2)
+    ran: list[int] = []
+
+    @q2.handler("t")
+    async def t(ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    async with q2:  # upgrades
+        async with q2.engine.connect() as conn:
+            v = (await conn.execute(select(M.c.value).where(M.c.name == "schema_version"))
+                 ).scalar_one()
+            assert v == str(SCHEMA_VERSION) == "9"
+            found = await conn.run_sync(lambda c: {
+                i["name"]: i["column_names"] for i in inspect(c).get_indexes(J.name)})
+            assert found[ix] == ["state", "lease_owner", "lease_expires"]
+        async with q2.batch() as b:
+            refs = [b.add("t", {}) for _ in range(20)]
+        await q2.run_until_idle()
+    assert sorted(ran) == sorted(r.id for r in refs)
