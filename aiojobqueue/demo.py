@@ -38,6 +38,7 @@ FLAKY = ("globex", 5)  # (tenant, source index) of the fetch that fails once
 
 STATE_STYLE = {
     "waiting": "grey58", "scheduled": "yellow", "ready": "cyan", "running": "bold blue",
+    "leased": "blue",
     "active": "blue", "done": "green", "failed": "bold red", "cancelled": "magenta",
 }
 

@@ -23,7 +23,8 @@ from ..explain import Explanation
 from ..models import Job
 from .runtime import safe_url
 
-STATUS_COLUMNS = ("running", "ready", "scheduled", "waiting", "done", "failed", "cancelled")
+STATUS_COLUMNS = ("running", "leased", "ready", "scheduled", "waiting", "done", "failed",
+                  "cancelled")
 
 
 # -- small pieces -----------------------------------------------------------------------------

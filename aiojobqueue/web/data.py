@@ -173,7 +173,7 @@ class Data(OverviewReads, DagReads):
             m = row._mapping
             expires = None
             seen = None
-            if job.state == JobState.RUNNING and m["lease_expires"] is not None:
+            if job.state in (JobState.RUNNING, JobState.LEASED) and m["lease_expires"] is not None:
                 expires = (m["lease_expires"] - now).total_seconds()
                 last = await conn.scalar(select(W.c.last_seen).where(W.c.id == job.lease_owner))
                 seen = None if last is None else max((now - last).total_seconds(), 0.0)
