@@ -14,7 +14,7 @@ import pytest
 from tcpproxy import TcpProxy
 
 from aiojobqueue import JobContext, JobQueue, JobState
-from aiojobqueue.worker.rounds import AutocommitRound
+from aiojobqueue.worker.pg_rounds import AutocommitRound
 
 SERVERS = pytest.mark.parametrize("db", ["postgresql", "mariadb"], indirect=True)
 

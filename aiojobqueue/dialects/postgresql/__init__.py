@@ -96,7 +96,7 @@ class PostgresOps(PgInsert, DialectOps):
     def round_kind(self, routines: bool) -> type[ParallelRound]:
         # Atomic statements in autocommit; with the routines, a success is one call that
         # settles too, the claim riding along at a DAG step (see worker/rounds.py).
-        from ...worker.rounds import AutocommitRound, RoutineRound
+        from ...worker.pg_rounds import AutocommitRound, RoutineRound
 
         return RoutineRound if routines else AutocommitRound
 
