@@ -16,7 +16,7 @@ Handlers (args in brackets):
   chaos [ms]               sleep ms milliseconds; returns its dependencies' (job, attempt)
 
 ``--split N`` lowers the least part of a wide fan-out released by its finalize (PostgreSQL's
-split release, see completer.SPLIT), and each split is logged as a ``split`` event;
+split release, see fanout.SPLIT), and each split is logged as a ``split`` event;
 ``--stall-rest`` leaves the rest of each split unreleased by this process (as if it died
 right after the finalize), for another worker's sweep to finish.
 """
@@ -129,6 +129,12 @@ def build(args: argparse.Namespace) -> JobQueue:
             real_rest(self)
 
     SplitReleases.release_rest = rest  # type: ignore[method-assign]
+    if args.stall_rest:  # nor does its reclaimer's sweep take the part
+
+        async def no_rest(self: SplitReleases, n: int = 8) -> int:
+            return 0
+
+        SplitReleases.rest_releases = no_rest  # type: ignore[method-assign]
 
     # "retry" and "failed" both end an attempt in failure (attempts left, or not)
     for name, ev in (("done", "fin"), ("discarded", "discarded"), ("released", "released"),

@@ -1,4 +1,4 @@
-"""The split release of a wide fan-out (PostgreSQL, see completer.SPLIT): at a DAG step, the
+"""The split release of a wide fan-out (PostgreSQL, see fanout.SPLIT): at a DAG step, the
 finalize call of a job that many jobs wait on releases only the first of them (and leases
 some) and records the rest in the releases table in the same transaction; a call of its own
 releases the rest right after, and a row that a worker left behind (it died, or that call
@@ -24,6 +24,7 @@ from sqlalchemy import func, select
 import aiojobqueue.claim as claim_mod
 from aiojobqueue import JobContext, JobQueue, JobState, admin, fanout
 from aiojobqueue.fanout import SplitReleases
+from aiojobqueue.worker import leases
 
 PG_ONLY = pytest.mark.parametrize("db", ["postgresql"], indirect=True)
 WIDE = 40
@@ -41,8 +42,10 @@ def split_queue(make_queue: Callable[..., JobQueue], monkeypatch: pytest.MonkeyP
                 hold_rest: bool = False, **kw: Any) -> tuple[JobQueue, list[int]]:
     """A queue whose fan-outs of more than max(4 x its lease, 4) jobs are split, and the
     number of parts each rest-release call released (a spy: the calls run unchanged).
-    ``hold_rest``: the call releasing the rest right after a split never runs. Steady (see
-    there) on PostgreSQL."""
+    ``hold_rest``: the call releasing the rest right after a split never runs, nor does the
+    reclaimer (its sweep would take the part as soon as it sees it, maybe before the test
+    does); run_until_idle's own look still does. Steady (see there) on
+    PostgreSQL."""
     monkeypatch.setattr(fanout, "SPLIT", 4)
     done: list[int] = []
     real = SplitReleases.rest_releases
@@ -55,7 +58,12 @@ def split_queue(make_queue: Callable[..., JobQueue], monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(SplitReleases, "rest_releases", spy)
     if hold_rest:
         monkeypatch.setattr(SplitReleases, "release_rest", lambda self: None)
+        monkeypatch.setattr(leases.Reclaimer, "run", _no_sweep)
     return make_queue(**kw), done
+
+
+async def _no_sweep(self: leases.Reclaimer) -> None:
+    await asyncio.Event().wait()  # (no lease expires in these tests)
 
 
 async def releases_left(q: JobQueue) -> int:
