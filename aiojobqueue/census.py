@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as S
 from .policy import GroupDemand
-from .sql import lit
+from .sql import ONE, lit, opaque
 
 if TYPE_CHECKING:
     from .claim import Claimer
@@ -82,7 +82,7 @@ def scan_cte(t: S.Tables, ops: Any, from_start: bool, name: str) -> Any:
     if not from_start:
         first = first.where(ops.key_after(J.c.state, lit(S.READY), J.c.group_key,
                                           bindparam("after", type_=String())))
-    anchor = select(first.order_by(J.c.group_key).limit(1).scalar_subquery().label("g"),
+    anchor = select(first.order_by(J.c.group_key).limit(ONE).scalar_subquery().label("g"),
                     literal_column("1").label("n"))
     scan = anchor.cte(name, recursive=True)
     step = select(
@@ -90,10 +90,10 @@ def scan_cte(t: S.Tables, ops: Any, from_start: bool, name: str) -> Any:
         .where(inner.c.state == lit(S.READY),
                ops.key_after(inner.c.state, lit(S.READY), inner.c.group_key, scan.c.g))
         .order_by(inner.c.group_key)
-        .limit(1)
+        .limit(ONE)
         .scalar_subquery(),
         scan.c.n + literal_column("1"),
-    ).where(scan.c.g.is_not(None), scan.c.n < bindparam("lim", type_=Integer()))
+    ).where(scan.c.g.is_not(None), scan.c.n < opaque("lim"))
     return scan.union_all(step)
 
 
@@ -124,7 +124,7 @@ def census_query(t: S.Tables, ops: Any, from_start: bool, with_running: bool
                ops.key_is(J.c.state, lit(S.READY), J.c.group_key, src.c.g),
                J.c.weight > literal_column("1"))
         .order_by(J.c.weight.desc())
-        .limit(1)
+        .limit(ONE)
         .scalar_subquery()
     )
     # What each group runs, counted once for all (ix_running: at most what the fleet

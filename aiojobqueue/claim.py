@@ -59,6 +59,9 @@ class Claimed(NamedTuple):
 PROMOTE_EVERY = 0.1
 #: How long a census that found a single group with runnable jobs is trusted.
 GROUPS_EVERY = 0.1
+#: A fair pick (lease.fair_pick_stmt) reads this many groups more than the last complete
+#: read found (or than it has slots to fill, if more): a few new groups keep it complete.
+FAIR_SLACK = 8
 
 
 @dataclass
@@ -314,7 +317,28 @@ class Claimer:
         known = self._known_group(now, quick)
         cached = known is not None
         firsts: list[str] | None = None
-        if (not cached and free > 1 and not s.group_limits and self.few_groups is None
+        few = self.few_groups
+        if (not cached and not s.group_limits and few is not None
+                and isinstance(path, ReturningLease)):
+            # Few groups (the last census or fair pick read them all): census, split and
+            # picks in one statement (fair_pick_stmt); a short one leaves the rest to the
+            # census below, as the idle pick's does
+            before = len(taken)
+            fair = await path.pick_fair(conn, free, types, self.cursor,
+                                        max(few, free) + FAIR_SLACK, taken)
+            if fair is not None:
+                got = len(taken) - before
+                free -= got
+                firsts = [r[4] for r in taken[before:]]
+                tried.update(firsts)
+                if fair.idle:
+                    self.cursor = max(fair.idle, key=rotation_key(self.cursor))
+                if fair.seen is not None:
+                    self.few_groups = fair.seen if fair.complete else None
+                    if fair.complete:
+                        self.groups_at, self.census_due = now, False
+                        self.single_group = firsts[0] if fair.seen == 1 else None
+        elif (not cached and free > 1 and not s.group_limits and few is None
                 and self.idle_fits and isinstance(path, ReturningLease)):
             # Many groups (the last census did not read them all): first the groups that
             # run nothing, one job each, without a census (see idle_pick_stmt)
