@@ -169,6 +169,7 @@ class Census:
         self.scanned = 0  # groups the scan has read
         self.seen: set[str] = set()  # ... by name
         self.busy = 0  # groups that run jobs
+        self.ran_out = False  # the names after the cursor ran out (the scan wrapped round)
 
     def open_idle(self) -> int:
         """Groups read that run nothing and may take a slot."""
@@ -223,7 +224,7 @@ class Census:
             if self.wrapped:
                 self.done = True
             else:
-                self.wrapped, self.last = True, None
+                self.wrapped, self.last, self.ran_out = True, None, True
         elif (self.wrapped and not self.whole and self.cursor is not None
               and last is not None and last > self.cursor):
             self.done = True  # back where the rotation started

@@ -62,6 +62,8 @@ GROUPS_EVERY = 0.1
 #: A fair pick (lease.fair_pick_stmt) reads this many groups more than the last complete
 #: read found (or than it has slots to fill, if more): a few new groups keep it complete.
 FAIR_SLACK = 8
+#: ... and at least this many (plus FAIR_SLACK), or twice the slots it fills if more
+FAIR_SCAN = 128
 
 
 @dataclass
@@ -318,14 +320,14 @@ class Claimer:
         cached = known is not None
         firsts: list[str] | None = None
         few = self.few_groups
-        if (not cached and not s.group_limits and few is not None
-                and isinstance(path, ReturningLease)):
-            # Few groups (the last census or fair pick read them all): census, split and
-            # picks in one statement (fair_pick_stmt); a short one leaves the rest to the
-            # census below, as the idle pick's does
+        lone = not cached and not s.group_limits and isinstance(path, ReturningLease)
+        if lone and (few is not None or not self.idle_fits):
+            # Few groups (the last census or fair pick read them all), or too few after
+            # the cursor for the idle pick: census, split and picks in one statement
+            # (fair_pick_stmt); a short one leaves the rest to the census below
             before = len(taken)
             fair = await path.pick_fair(conn, free, types, self.cursor,
-                                        max(few, free) + FAIR_SLACK, taken)
+                                        max(few or 0, 2 * free, FAIR_SCAN) + FAIR_SLACK, taken)
             if fair is not None:
                 got = len(taken) - before
                 free -= got
@@ -338,8 +340,9 @@ class Claimer:
                     if fair.complete:
                         self.groups_at, self.census_due = now, False
                         self.single_group = firsts[0] if fair.seen == 1 else None
-        elif (not cached and free > 1 and not s.group_limits and few is None
-                and self.idle_fits and isinstance(path, ReturningLease)):
+                    else:  # many groups: the idle pick reads only as far as it needs
+                        self.idle_fits = True
+        elif lone and free > 1 and few is None and self.idle_fits:
             # Many groups (the last census did not read them all): first the groups that
             # run nothing, one job each, without a census (see idle_pick_stmt)
             firsts = await path.pick_idle(conn, free, types, self.cursor, taken)
@@ -364,8 +367,9 @@ class Claimer:
                     census.ran_dry(known)
                     await census.fill(conn, free)
                 demand = census.demand
-                # idle_pick_stmt scans 2 x free + 8 groups: at most `busy` of them run jobs
-                self.idle_fits = census.busy <= free
+                # idle_pick_stmt scans 2 x free + 8 groups after the cursor (it does not
+                # wrap round): at most `busy` of them run jobs
+                self.idle_fits = census.busy <= free and not census.ran_out
                 self.groups_at, self.census_due = now, False
                 # the groups with work: what the census found, and what was just leased
                 # without it
