@@ -319,6 +319,10 @@ class Claimer:
         known = self._known_group(now, quick)
         cached = known is not None
         firsts: list[str] | None = None
+        # the groups that ran nothing and were served before the census: the cursor moves
+        # past them once the claim is done (its split's ties all go by the rotation after
+        # the cursor it began with, as fair_share's over every group)
+        first_served: list[str] = []
         few = self.few_groups
         lone = not cached and not s.group_limits and isinstance(path, ReturningLease)
         if lone and (few is not None or not self.idle_fits):
@@ -333,8 +337,7 @@ class Claimer:
                 free -= got
                 firsts = [r[4] for r in taken[before:]]
                 tried.update(firsts)
-                if fair.idle:
-                    self.cursor = max(fair.idle, key=rotation_key(self.cursor))
+                first_served = fair.idle
                 if fair.seen is not None:
                     self.few_groups = fair.seen if fair.complete else None
                     if fair.complete:
@@ -348,10 +351,12 @@ class Claimer:
             firsts = await path.pick_idle(conn, free, types, self.cursor, taken)
             if firsts:
                 free -= len(firsts)
-                self.cursor = max(firsts, key=rotation_key(self.cursor))
+                first_served = firsts
             # short: too many groups run something for the scan's window (or the names
             # ran out); the census says when it fits again
             self.idle_fits = firsts is not None and free == 0
+        if free <= 0 and first_served:
+            self.cursor = max(first_served, key=rotation_key(self.cursor))
         for _census in range(2 if free > 0 else 0):
             census: Census | None = None
             if known is not None and cached:
@@ -383,7 +388,7 @@ class Claimer:
                 # dependents) picks at once; if that group is dry then, the census runs
                 # again as above
             idle = census.idle if census is not None else {known}
-            served: list[str] = []
+            served: list[str] = first_served if _census == 0 else []
             # Work-conserving: a group with fewer runnable jobs than its share hands the
             # rest on (to groups read further on where needed).
             while free > 0 and demand:
