@@ -121,13 +121,14 @@ def fair_pick_stmt(db: Database, with_after: bool, lease: dict[str, Any]) -> Any
           .columns(id=BigInteger(), running=Integer(), complete=Boolean(), nseen=Integer())
           .cte("fp"))
     # The picked ids as in_select's InitPlan (an UPDATE ... FROM the pick is planned as a
-    # hash join over a scan of the whole table), the pick's own columns looked up by id
-    # (the CTE is evaluated once)
-    def of_pick(col: Any) -> Any:
-        return select(col).where(fp.c.id == J.c.id).scalar_subquery()
+    # hash join over a scan of the whole table), the pick's own columns looked up by id,
+    # or once where they are the same in every row (the CTE is evaluated once)
+    def of_pick(col: Any, by_id: bool = False) -> Any:
+        sel = select(col)
+        return (sel.where(fp.c.id == J.c.id) if by_id else sel.limit(ONE)).scalar_subquery()
 
     return update(J).where(db.ops.in_select(J.c.id, select(fp.c.id))).values(
-        **lease).returning(*claim_columns(db.t), of_pick(fp.c.running),
+        **lease).returning(*claim_columns(db.t), of_pick(fp.c.running, True),
                            of_pick(fp.c.complete), of_pick(fp.c.nseen))
 
 

@@ -36,9 +36,15 @@ run AS (
   SELECT r.group_key AS g, count(*)::int AS c FROM ${jobs} r
    WHERE r.state = 'running' GROUP BY r.group_key
 ),
+-- any ready job heavier than the default at all (one probe of ix_ready_weight): else
+-- every weight is 1 and no group is probed for its own
+heavy AS (
+  SELECT (SELECT complete FROM done) AND EXISTS (
+    SELECT 1 FROM ${jobs} j WHERE j.state = 'ready' AND j.weight > 1) AS v
+),
 cand AS (
   SELECT s.g, coalesce(run.c, 0) AS running,
-         CASE WHEN (SELECT complete FROM done) THEN coalesce((
+         CASE WHEN (SELECT v FROM heavy) THEN coalesce((
            SELECT j.weight FROM ${jobs} j
             WHERE j.state = 'ready' AND j.group_key = s.g
               AND (j.state, j.group_key) >= ('ready', s.g)
