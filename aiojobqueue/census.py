@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
-    Integer,
     Select,
     String,
     bindparam,

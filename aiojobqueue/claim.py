@@ -324,8 +324,9 @@ class Claimer:
         # the cursor it began with, as fair_share's over every group)
         first_served: list[str] = []
         few = self.few_groups
-        lone = not cached and not s.group_limits and isinstance(path, ReturningLease)
-        if lone and (few is not None or not self.idle_fits):
+        lone = not cached and not s.group_limits
+        if (lone and isinstance(path, ReturningLease)
+                and (few is not None or not self.idle_fits)):
             # Few groups (the last census or fair pick read them all), or too few after
             # the cursor for the idle pick: census, split and picks in one statement
             # (fair_pick_stmt); a short one leaves the rest to the census below
@@ -345,7 +346,8 @@ class Claimer:
                         self.single_group = firsts[0] if fair.seen == 1 else None
                     else:  # many groups: the idle pick reads only as far as it needs
                         self.idle_fits = True
-        elif lone and free > 1 and few is None and self.idle_fits:
+        elif (lone and isinstance(path, ReturningLease) and free > 1 and few is None
+                and self.idle_fits):
             # Many groups (the last census did not read them all): first the groups that
             # run nothing, one job each, without a census (see idle_pick_stmt)
             firsts = await path.pick_idle(conn, free, types, self.cursor, taken)

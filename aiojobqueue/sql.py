@@ -24,7 +24,7 @@ def in_state(jobs: Any, state: str) -> list[Any]:
 
 
 #: LIMIT 1 as a literal (SQLAlchemy binds a LIMIT's number: see opaque)
-ONE = literal_column("1")
+ONE: Any = literal_column("1")
 
 
 def opaque(name: str) -> Any:

@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-KINDS = [("sa(g, n)", "fair pick"), ("census_scan", "census"), ("idle_scan", "idle pick"), ("unnest", "many pick"),
+KINDS = [("sa(g, n)", "fair pick"), ("census_scan", "census"), ("idle_scan", "idle pick"),
+         ("unnest", "many pick"),
          ("pg_advisory", "gate"), ("aiojobqueue_settle", "routine"), ("SET state=", "")]
 
 
@@ -40,9 +41,9 @@ def kind(sql: str) -> str:
 
 
 async def one(db: str, n: int, groups: int) -> None:
+    import fairshare as F
     from sqlalchemy import event
 
-    import fairshare as F
     from aiojobqueue import JobQueue
     from aiojobqueue.claim import Claimer
 

@@ -15,12 +15,11 @@ from typing import Any
 
 import pytest
 from sqlalchemy import event
+from test_fairshare_scale import claim_now, enqueue, finish, reference, world
 
 from aiojobqueue import JobQueue
 from aiojobqueue.lease import ReturningLease
 from aiojobqueue.policy import fair_share, rotation_key
-
-from test_fairshare_scale import claim_now, enqueue, finish, reference, world
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -74,7 +73,7 @@ async def test_the_fair_pick_splits_as_fair_share(
                 assert len(leased) <= free
                 assert all(expect[g] >= 1 for g in leased)
                 partial += 1
-        assert checked and partial or n == 3
+        assert (checked and partial) or n == 3
 
 
 async def test_claims_over_a_few_dozen_groups_take_one_statement_and_split_exactly(
