@@ -7,7 +7,9 @@ the transaction of a finalize, hand the slots it freed over to the one known gro
 jobs (no gate, no count: ``Claimer._handover``). ``Claimer`` owns what
 this process remembers between claims (when it last promoted, the last census of groups,
 the groups known to exist). The census is ``census.py``; how a pick becomes a lease, and
-the pick statements, are ``lease.py`` (the dialect chooses its ``LeasePath``).
+the pick statements, are ``lease.py`` (the dialect chooses its ``LeasePath``). Where the
+dialect has them (PostgreSQL), two statements stand in for census and picks: the idle pick
+over many groups, and the fair pick (census, split and picks in one) over few.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """How a claim turns picked rows into leases: the SET clauses of a lease, the columns a
 claim returns, the statements that pick a group's best ready jobs (priority, then age) with
-SKIP LOCKED, many groups in one statement, and the two paths a dialect chooses between
+SKIP LOCKED, many groups in one statement (or, with the census and the split, the fair
+pick: ``fair_pick_stmt``), and the two paths a dialect chooses between
 (``ReturningLease``: UPDATE ... RETURNING; ``PickThenLease``: a locking SELECT, then the
 UPDATE, where there is no RETURNING)."""
 
