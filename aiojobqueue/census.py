@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
-    Integer,
     Select,
     String,
     bindparam,
@@ -23,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as S
 from .policy import GroupDemand
-from .sql import lit
+from .sql import ONE, lit, opaque
 
 if TYPE_CHECKING:
     from .claim import Claimer
@@ -82,7 +81,7 @@ def scan_cte(t: S.Tables, ops: Any, from_start: bool, name: str) -> Any:
     if not from_start:
         first = first.where(ops.key_after(J.c.state, lit(S.READY), J.c.group_key,
                                           bindparam("after", type_=String())))
-    anchor = select(first.order_by(J.c.group_key).limit(1).scalar_subquery().label("g"),
+    anchor = select(first.order_by(J.c.group_key).limit(ONE).scalar_subquery().label("g"),
                     literal_column("1").label("n"))
     scan = anchor.cte(name, recursive=True)
     step = select(
@@ -90,10 +89,10 @@ def scan_cte(t: S.Tables, ops: Any, from_start: bool, name: str) -> Any:
         .where(inner.c.state == lit(S.READY),
                ops.key_after(inner.c.state, lit(S.READY), inner.c.group_key, scan.c.g))
         .order_by(inner.c.group_key)
-        .limit(1)
+        .limit(ONE)
         .scalar_subquery(),
         scan.c.n + literal_column("1"),
-    ).where(scan.c.g.is_not(None), scan.c.n < bindparam("lim", type_=Integer()))
+    ).where(scan.c.g.is_not(None), scan.c.n < opaque("lim"))
     return scan.union_all(step)
 
 
@@ -124,7 +123,7 @@ def census_query(t: S.Tables, ops: Any, from_start: bool, with_running: bool
                ops.key_is(J.c.state, lit(S.READY), J.c.group_key, src.c.g),
                J.c.weight > literal_column("1"))
         .order_by(J.c.weight.desc())
-        .limit(1)
+        .limit(ONE)
         .scalar_subquery()
     )
     # What each group runs, counted once for all (ix_running: at most what the fleet
@@ -169,6 +168,7 @@ class Census:
         self.scanned = 0  # groups the scan has read
         self.seen: set[str] = set()  # ... by name
         self.busy = 0  # groups that run jobs
+        self.ran_out = False  # the names after the cursor ran out (the scan wrapped round)
 
     def open_idle(self) -> int:
         """Groups read that run nothing and may take a slot."""
@@ -223,7 +223,7 @@ class Census:
             if self.wrapped:
                 self.done = True
             else:
-                self.wrapped, self.last = True, None
+                self.wrapped, self.last, self.ran_out = True, None, True
         elif (self.wrapped and not self.whole and self.cursor is not None
               and last is not None and last > self.cursor):
             self.done = True  # back where the rotation started

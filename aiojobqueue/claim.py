@@ -7,7 +7,9 @@ the transaction of a finalize, hand the slots it freed over to the one known gro
 jobs (no gate, no count: ``Claimer._handover``). ``Claimer`` owns what
 this process remembers between claims (when it last promoted, the last census of groups,
 the groups known to exist). The census is ``census.py``; how a pick becomes a lease, and
-the pick statements, are ``lease.py`` (the dialect chooses its ``LeasePath``).
+the pick statements, are ``lease.py`` (the dialect chooses its ``LeasePath``). Where the
+dialect has them (PostgreSQL), two statements stand in for census and picks: the idle pick
+over many groups, and the fair pick (census, split and picks in one) over few.
 """
 
 from __future__ import annotations
@@ -59,6 +61,11 @@ class Claimed(NamedTuple):
 PROMOTE_EVERY = 0.1
 #: How long a census that found a single group with runnable jobs is trusted.
 GROUPS_EVERY = 0.1
+#: A fair pick (lease.fair_pick_stmt) reads this many groups more than the last complete
+#: read found (or than it has slots to fill, if more): a few new groups keep it complete.
+FAIR_SLACK = 8
+#: ... and at least this many (plus FAIR_SLACK), or twice the slots it fills if more
+FAIR_SCAN = 128
 
 
 @dataclass
@@ -314,17 +321,46 @@ class Claimer:
         known = self._known_group(now, quick)
         cached = known is not None
         firsts: list[str] | None = None
-        if (not cached and free > 1 and not s.group_limits and self.few_groups is None
-                and self.idle_fits and isinstance(path, ReturningLease)):
+        # the groups that ran nothing and were served before the census: the cursor moves
+        # past them once the claim is done (its split's ties all go by the rotation after
+        # the cursor it began with, as fair_share's over every group)
+        first_served: list[str] = []
+        few = self.few_groups
+        lone = not cached and not s.group_limits
+        if (lone and isinstance(path, ReturningLease)
+                and (few is not None or not self.idle_fits)):
+            # Few groups (the last census or fair pick read them all), or too few after
+            # the cursor for the idle pick: census, split and picks in one statement
+            # (fair_pick_stmt); a short one leaves the rest to the census below
+            before = len(taken)
+            fair = await path.pick_fair(conn, free, types, self.cursor,
+                                        max(few or 0, 2 * free, FAIR_SCAN) + FAIR_SLACK, taken)
+            if fair is not None:
+                got = len(taken) - before
+                free -= got
+                firsts = [r[4] for r in taken[before:]]
+                tried.update(firsts)
+                first_served = fair.idle
+                if fair.seen is not None:
+                    self.few_groups = fair.seen if fair.complete else None
+                    if fair.complete:
+                        self.groups_at, self.census_due = now, False
+                        self.single_group = firsts[0] if fair.seen == 1 else None
+                    else:  # many groups: the idle pick reads only as far as it needs
+                        self.idle_fits = True
+        elif (lone and isinstance(path, ReturningLease) and free > 1 and few is None
+                and self.idle_fits):
             # Many groups (the last census did not read them all): first the groups that
             # run nothing, one job each, without a census (see idle_pick_stmt)
             firsts = await path.pick_idle(conn, free, types, self.cursor, taken)
             if firsts:
                 free -= len(firsts)
-                self.cursor = max(firsts, key=rotation_key(self.cursor))
+                first_served = firsts
             # short: too many groups run something for the scan's window (or the names
             # ran out); the census says when it fits again
             self.idle_fits = firsts is not None and free == 0
+        if free <= 0 and first_served:
+            self.cursor = max(first_served, key=rotation_key(self.cursor))
         for _census in range(2 if free > 0 else 0):
             census: Census | None = None
             if known is not None and cached:
@@ -340,8 +376,9 @@ class Claimer:
                     census.ran_dry(known)
                     await census.fill(conn, free)
                 demand = census.demand
-                # idle_pick_stmt scans 2 x free + 8 groups: at most `busy` of them run jobs
-                self.idle_fits = census.busy <= free
+                # idle_pick_stmt scans 2 x free + 8 groups after the cursor (it does not
+                # wrap round): at most `busy` of them run jobs
+                self.idle_fits = census.busy <= free and not census.ran_out
                 self.groups_at, self.census_due = now, False
                 # the groups with work: what the census found, and what was just leased
                 # without it
@@ -355,7 +392,7 @@ class Claimer:
                 # dependents) picks at once; if that group is dry then, the census runs
                 # again as above
             idle = census.idle if census is not None else {known}
-            served: list[str] = []
+            served: list[str] = first_served if _census == 0 else []
             # Work-conserving: a group with fewer runnable jobs than its share hands the
             # rest on (to groups read further on where needed).
             while free > 0 and demand:

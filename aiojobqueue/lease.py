@@ -1,18 +1,23 @@
 """How a claim turns picked rows into leases: the SET clauses of a lease, the columns a
 claim returns, the statements that pick a group's best ready jobs (priority, then age) with
-SKIP LOCKED, many groups in one statement, and the two paths a dialect chooses between
+SKIP LOCKED, many groups in one statement (or, with the census and the split, the fair
+pick: ``fair_pick_stmt``), and the two paths a dialect chooses between
 (``ReturningLease``: UPDATE ... RETURNING; ``PickThenLease``: a locking SELECT, then the
 UPDATE, where there is no RETURNING)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
+    BigInteger,
+    Boolean,
     Integer,
     Select,
+    String,
     bindparam,
     select,
+    text,
     update,
 )
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -21,7 +26,7 @@ from . import schema as S
 from .census import scan_cte
 from .database import Database
 from .settings import Settings
-from .sql import lit
+from .sql import ONE, lit, opaque
 from .timeutil import db_now, utcnow_plus
 
 
@@ -79,19 +84,63 @@ def idle_pick_stmt(db: Database, types: list[str], from_start: bool,
     R = J.alias("rn")
     busy = select(R.c.id).where(R.c.state == lit(S.RUNNING), R.c.group_key == scan.c.g).exists()
     keys = (select(scan.c.g).where(scan.c.g.is_not(None), ~busy).order_by(scan.c.n)
-            .limit(bindparam("free", type_=Integer())).subquery("k"))
+            .limit(opaque("free")).subquery("k"))
 
     def pick(group: Any) -> Select[Any]:
         return (select(J.c.id)
                 .where(J.c.state == lit(S.READY), J.c.group_key == group, J.c.type.in_(types))
                 .order_by(J.c.priority.desc(), J.c.id)
-                .limit(1))
+                .limit(ONE))
 
     sel = db.ops.pick_each(keys, pick)
     if sel is None:
         return None
     return update(J).where(db.ops.in_select(J.c.id, sel)).values(**lease).returning(
         *claim_columns(db.t))
+
+
+def fair_pick_stmt(db: Database, with_after: bool, lease: dict[str, Any]) -> Any:
+    """Where the dialect can (DialectOps.fair_pick_sql), one statement that reads the
+    groups with ready jobs (up to ``:lim`` of them in rotation order after ``:after``) and
+    what each runs, splits ``:free`` slots among them as fair_share(rotate=True) does, and
+    leases each group's share of its best jobs (SKIP LOCKED), RETURNING claim_columns(),
+    then the group's running count before the claim, whether every group with ready jobs
+    was read, and how many were; else None.
+
+    Where not every group was read, it serves only groups that run nothing, one job each
+    (what idle_pick_stmt does). Where a group's pick comes back short (no job of the
+    worker's types, rows locked by another claim), the slots it left are the census's to
+    split (see Claimer.claim)."""
+    sql = db.ops.fair_pick_sql(with_after)
+    if sql is None:
+        return None
+    J = db.t.jobs
+    # the types as literals (the statement is built per set of types): the plan's
+    # estimates then do not depend on the binds, so it is planned once, not at every call
+    fp = (text(sql).bindparams(bindparam("types", type_=String(), expanding=True,
+                                         literal_execute=True))
+          .columns(id=BigInteger(), running=Integer(), complete=Boolean(), nseen=Integer())
+          .cte("fp"))
+    # The picked ids as in_select's InitPlan (an UPDATE ... FROM the pick is planned as a
+    # hash join over a scan of the whole table), the pick's own columns looked up by id,
+    # or once where they are the same in every row (the CTE is evaluated once)
+    def of_pick(col: Any, by_id: bool = False) -> Any:
+        sel = select(col)
+        return (sel.where(fp.c.id == J.c.id) if by_id else sel.limit(ONE)).scalar_subquery()
+
+    return update(J).where(db.ops.in_select(J.c.id, select(fp.c.id))).values(
+        **lease).returning(*claim_columns(db.t), of_pick(fp.c.running, True),
+                           of_pick(fp.c.complete), of_pick(fp.c.nseen))
+
+
+class FairPick(NamedTuple):
+    """What fair_pick_stmt read: the groups it leased jobs of that ran nothing before (in
+    no order), whether it read every group with ready jobs, and how many groups it read
+    (None where it leased nothing: then it says nothing)."""
+
+    idle: list[str]
+    complete: bool
+    seen: int | None
 
 
 #: A claim passed over (Claimer.passed_over) looks whether up to this many of the groups
@@ -157,6 +206,27 @@ class ReturningLease:
         rows = (await conn.execute(stmt, params)).all()
         taken += rows
         return [r[4] for r in rows]
+
+    async def pick_fair(self, conn: AsyncConnection, free: int, types: list[str],
+                        after: str | None, lim: int, taken: list[Any]) -> FairPick | None:
+        """fair_pick_stmt (its rows join ``taken``, as claim_columns()), or None where the
+        dialect has no such statement."""
+        key = ("pickfair", after is not None, self.state)
+        stmt = self.db.stmts.get(key, False)
+        if stmt is False:
+            stmt = self.db.stmts[key] = fair_pick_stmt(self.db, after is not None, self.lease)
+        if stmt is None:
+            return None
+        params: dict[str, Any] = {"free": free, "lim": lim, "types": types}
+        if after is not None:
+            params["after"] = after
+        rows = (await conn.execute(stmt, params)).all()
+        n = len(claim_columns(self.db.t))
+        taken += [r[:n] for r in rows]
+        if not rows:
+            return FairPick([], False, None)
+        return FairPick(sorted({r[4] for r in rows if not r[n]}), bool(rows[0][n + 1]),
+                        int(rows[0][n + 2]))
 
     async def pick_many(self, conn: AsyncConnection, plan: dict[str, int], types: list[str],
                         taken: list[Any]) -> dict[str, int]:

@@ -201,6 +201,15 @@ class DialectOps(InsertHooks, ABC):
         sub-select (no LATERAL)."""
         return None
 
+    def fair_pick_sql(self, with_after: bool) -> str | None:
+        """Where the dialect can, the SELECT of (id, running, complete, nseen) that does a
+        claim's census, fair share split and picks in one statement (lease.fair_pick_stmt:
+        the ready jobs to lease, FOR UPDATE SKIP LOCKED; ``running``: what the job's group
+        ran; ``complete``: every group with ready jobs was read; ``nseen``: how many were),
+        with the binds ``:free``, ``:lim``, ``:types`` and, ``with_after``, ``:after``; else
+        None."""
+        return None
+
     @abstractmethod
     def skip_locked(self, stmt: Select[Any]) -> Select[Any]:
         """Make a candidate SELECT lock what it returns and skip rows others hold."""

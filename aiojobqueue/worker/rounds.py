@@ -45,6 +45,10 @@ PREFETCH_HORIZON = 0.05
 #: small worker running very short jobs would otherwise pay a round per handful of jobs.
 PREFETCH_MAX = 2
 PREFETCH_FLOOR = 64
+#: ... or this many where the last census found more than one group with runnable jobs:
+#: a claim over many groups reads each of them (the census's scan, a pick per group), so
+#: fewer, larger claims (still within PREFETCH_HORIZON of work) cost less per job
+PREFETCH_FLOOR_GROUPS = 192
 #: SQLite (SharedRound): at most max(SHARED_AHEAD, capacity) leases ahead (and, as
 #: everywhere, no more than PREFETCH_HORIZON seconds of work at the recent pace)
 SHARED_AHEAD = 8
@@ -152,7 +156,8 @@ class ParallelRound:
         if s.counts_slots or s.local_limits or avg_run is None or not self.state.backlog:
             return 0
         pace = s.capacity * PREFETCH_HORIZON / max(avg_run, 1e-6)
-        ahead = min(max(PREFETCH_MAX * s.capacity, PREFETCH_FLOOR), int(pace))
+        floor = PREFETCH_FLOOR if self.core.claimer.single_group else PREFETCH_FLOOR_GROUPS
+        ahead = min(max(PREFETCH_MAX * s.capacity, floor), int(pace))
         for limit in s.db_limits:
             ahead = min(ahead, limit.headroom // 4)
         return ahead

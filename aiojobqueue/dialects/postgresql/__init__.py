@@ -171,6 +171,9 @@ class PostgresOps(PgInsert, DialectOps):
         lat = self.skip_locked(pick(keys.c.g)).lateral("p")
         return select(lat.c.id).select_from(keys.join(lat, true()))
 
+    def fair_pick_sql(self, with_after: bool) -> str | None:
+        return routines.fair_pick_sql(self.t.jobs.name, with_after)
+
     def skip_locked(self, stmt: Select[Any]) -> Select[Any]:
         return stmt.with_for_update(skip_locked=True)
 

@@ -176,3 +176,19 @@ async def routine_exists(conn: AsyncConnection, name: str) -> bool:
     """Whether the routine ``name`` is installed."""
     found = await conn.execute(select(func.to_regproc(literal(name, Text())).is_not(None)))
     return bool(found.scalar())
+
+
+def fair_pick_sql(jobs: str, with_after: bool) -> str:
+    """fair_pick.sql for the jobs table ``jobs``: after the cursor ``:after`` (rotation),
+    or, without one, from the first name (see DialectOps.fair_pick_sql)."""
+    if with_after:
+        after = "(:after)::varchar"
+        parts = {"after": after, "sb_more": f"sb.g <= {after}",
+                 "a_done": "EXISTS (SELECT 1 FROM sa WHERE g IS NULL)", "first": "sa",
+                 "wrap": f"UNION ALL SELECT g FROM sb WHERE g IS NOT NULL AND g <= {after}"
+                         " AND (SELECT v FROM a_done)",
+                 "b_end": f"g IS NULL OR g > {after}", "tie": f"(c.g <= {after}),"}
+    else:  # sa is never read
+        parts = {"after": "NULL", "sb_more": "true", "a_done": "true", "first": "sb",
+                 "wrap": "", "b_end": "g IS NULL", "tie": ""}
+    return _body("fair_pick").substitute(parts, jobs=jobs)
