@@ -286,10 +286,17 @@ class PickThenLease:
 
     async def pick_many(self, conn: AsyncConnection, plan: dict[str, int], types: list[str],
                         taken: list[Any]) -> dict[str, int]:
+        # The rows this claim already picked are still `ready` (leased at the end) and its
+        # own locks do not skip them: left out by id, or a group's pick would come back
+        # short by them and hand its slots to others (an unfair split).
+        skip = bool(taken)
         rows: list[Any] = []
         for gs, ns in _chunks(plan):
-            stmt, bind = _many_stmt(self.db, len(gs), types, None, False)
-            rows += (await conn.execute(stmt, bind(gs, ns))).all()
+            stmt, bind = _many_stmt(self.db, len(gs), types, None, False, skip)
+            binds = bind(gs, ns)
+            if skip:
+                binds["taken"] = [r[0] for r in taken]
+            rows += (await conn.execute(stmt, binds)).all()
         return _join(taken, rows)
 
     async def leased(self, conn: AsyncConnection, taken: list[Any]) -> list[Any]:
@@ -342,12 +349,13 @@ def _per_group(keys: Any) -> dict[str, int]:
 
 
 def _many_stmt(db: Database, k: int, types: list[str], lease: dict[str, Any] | None,
-               returning: bool) -> tuple[Any, Any]:
+               returning: bool, skip: bool = False) -> tuple[Any, Any]:
     """The pick of ``k`` groups' best jobs as one statement (DialectOps.pick_groups): with
     ``returning``, the UPDATE that leases them RETURNING claim_columns(); else the SELECT
-    that locks them and reads their claim_columns(). Built once per (k, types) where the
-    dialect's form depends on k, once per types where not."""
-    key = ("pickmany", tuple(types), k, returning)
+    that locks them and reads their claim_columns(), with ``skip`` leaving out the ids
+    bound as ``:taken``. Built once per (k, types) where the dialect's form depends on k,
+    once per types where not."""
+    key = ("pickmany", tuple(types), k, returning, skip)
     got = db.stmts.get(key)
     if got is not None:
         return got  # type: ignore[no-any-return]
@@ -356,10 +364,10 @@ def _many_stmt(db: Database, k: int, types: list[str], lease: dict[str, Any] | N
     cols = (J.c.id, J.c.group_key) if returning else claim_columns(db.t)
 
     def pick(group: Any, n: Any) -> Select[Any]:
-        return (select(*cols)
-                .where(J.c.state == lit(S.READY), J.c.group_key == group, J.c.type.in_(types))
-                .order_by(J.c.priority.desc(), J.c.id)
-                .limit(n))
+        cond = [J.c.state == lit(S.READY), J.c.group_key == group, J.c.type.in_(types)]
+        if skip:
+            cond.append(J.c.id.not_in(bindparam("taken", expanding=True)))
+        return (select(*cols).where(*cond).order_by(J.c.priority.desc(), J.c.id).limit(n))
 
     sel, bind = db.ops.pick_groups(pick, k)
     stmt: Any = sel

@@ -77,18 +77,10 @@ async def test_the_fair_pick_splits_as_fair_share(
 
 
 async def test_claims_over_a_few_dozen_groups_take_one_statement_and_split_exactly(
-    make_queue: Callable[..., JobQueue], db: str, request: pytest.FixtureRequest,
+    make_queue: Callable[..., JobQueue], db: str,
 ) -> None:
     """The claim's path with the fair pick (once a census has read every group) and with
     types the worker does not serve (a short pick: the census splits the rest)."""
-    if db == "mariadb":
-        # Found with this test, and on the tree before the fair pick too (9904a5c): at
-        # step 10 one group of weight 2 gets 4 slots where the reference gives it 2, and
-        # two others one slot fewer. Not understood yet (the census over MariaDB's
-        # GROUP BY scan, or its SKIP LOCKED: see DialectOps.skip_locked_passes_unmatched).
-        request.applymarker(pytest.mark.xfail(
-            reason="MariaDB's split over a few dozen groups is off the reference at a "
-                   "tie-free step (also before the fair pick)", strict=False))
     rng = random.Random(5)
     groups = [f"g{i:02d}" for i in range(30)]
     q, other = make_queue(), make_queue()
