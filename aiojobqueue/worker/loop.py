@@ -74,6 +74,9 @@ class Worker:
                         "periodic", lambda: run_schedules(core.db, core.schedules, core.batch_on))))
                 listener = db.ops.listener(db.engine)
                 if listener is not None and not until_idle:
+                    # while its claims come back full the worker claims again at once: a
+                    # wake-up would change nothing (a polling bell watch looks less often)
+                    listener.set_busy(lambda: state.backlog and not state.stopping)
                     side.append(tg.create_task(db.resilient(
                         "listen", lambda: listener.run(self._on_notify))))
                 try:
