@@ -130,7 +130,8 @@ class Worker:
                     delay = s.poll_interval  # a finishing job sets `wake`
                     continue
                 held = self.pacer.hold(state, out.outbox, out.queued_at, s.capacity, usual,
-                                       self._avg_run, want, time.monotonic()) \
+                                       self._avg_run, want, time.monotonic(),
+                                       rnd.hold_scale) \
                     if rnd.holds else 0.0
                 if held > 0:
                     delay = held  # woken by each finishing job, to look again
