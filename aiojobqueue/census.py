@@ -136,7 +136,7 @@ def census_query(t: S.Tables, ops: Any, from_start: bool, with_running: bool
             .select_from(src.outerjoin(run, run.c.group_key == src.c.g)))
 
 
-def others_query(t: S.Tables) -> Select[Any]:
+def others_query(t: S.Tables, ops: Any) -> Select[Any]:
     """One row: the nearest group with ready jobs before ``:g`` and the nearest after it
     in name order (NULL where there is none): whether a group other than ``:g`` has ready
     jobs, in two "first entry of an index range" probes of ix_ready (Claimer.claim's renewal
@@ -146,9 +146,12 @@ def others_query(t: S.Tables) -> Select[Any]:
     J = t.jobs
     g = bindparam("g", type_=String())
     ready = J.c.state == lit(S.READY)
-    before = (select(J.c.group_key).where(ready, J.c.group_key < g)
+    # (bounds written by the dialect: on PostgreSQL row comparisons, see key_after)
+    before = (select(J.c.group_key)
+              .where(ready, ops.key_before(J.c.state, lit(S.READY), J.c.group_key, g))
               .order_by(J.c.group_key.desc()).limit(1).scalar_subquery())
-    after = (select(J.c.group_key).where(ready, J.c.group_key > g)
+    after = (select(J.c.group_key)
+             .where(ready, ops.key_after(J.c.state, lit(S.READY), J.c.group_key, g))
              .order_by(J.c.group_key).limit(1).scalar_subquery())
     return select(before.label("before"), after.label("after"))
 

@@ -423,7 +423,7 @@ class Claimer:
         if g is None or self.settings.group_limits:
             return False
         db = self.db
-        stmt = db.stmt("claim.others", lambda: others_query(db.t))
+        stmt = db.stmt("claim.others", lambda: others_query(db.t, db.ops))
         before, after = (await conn.execute(stmt, {"g": g})).one()
         if before is not None or after is not None:
             return False

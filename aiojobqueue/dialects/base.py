@@ -194,6 +194,11 @@ class DialectOps(InsertHooks, ABC):
         on (state, key, ...) starts at (state, bound) (the census's loose scan)."""
         return key_col > bound
 
+    def key_before(self, state_col: Any, state: Any, key_col: Any, bound: Any) -> Any:
+        """``key_col < bound`` among rows of ``state``, written as key_after is (a backward
+        scan of the index starts at (state, bound))."""
+        return key_col < bound
+
     def group_scan(self, state_col: Any, state: Any, key_col: Any, from_start: bool
                    ) -> Select[Any] | None:
         """Where the database has a loose index scan of its own: a SELECT of (g, n) for
