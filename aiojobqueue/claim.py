@@ -57,7 +57,8 @@ class Claimed(NamedTuple):
 #: At most one promotion sweep per this many seconds per worker (capped by poll_interval):
 #: a busy worker claims hundreds of times a second, but a due retry can wait a tick.
 PROMOTE_EVERY = 0.1
-#: How long a census that found a single group with runnable jobs is trusted.
+#: How long a census that found a single group with runnable jobs is trusted (then two
+#: index probes renew it where no other group has ready jobs: Claimer._still_alone).
 GROUPS_EVERY = 0.1
 
 
