@@ -8,8 +8,14 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import UTC
 from pathlib import Path
 from typing import Any
+
+from conftest import eventually
+from sqlalchemy import select
+
+from aiojobqueue import JobQueue, JobState
 
 WORKER = str(Path(__file__).with_name("sched_worker.py"))
 
@@ -67,3 +73,42 @@ def max_overlap(rows: list[dict[str, Any]]) -> int:
         cur += d
         best = max(best, cur)
     return best
+
+
+async def all_done(q: JobQueue, ids: list[int]) -> bool:
+    """Every job of ``ids`` is done."""
+    J = q._t.jobs
+
+    async def count(conn: Any) -> int:
+        return len((await conn.execute(
+            select(J.c.id).where(J.c.id.in_(ids), J.c.state == JobState.DONE.value))).all())
+
+    return await q._read(count) == len(ids)
+
+
+async def leases_of(q: JobQueue, pid: int) -> list[tuple[str, float]]:
+    """(state, lease expiry as wall clock) of the running and held (leased) rows of worker
+    process ``pid``."""
+    J, W = q._t.jobs, q._t.workers
+
+    async def read(conn: Any) -> list[Any]:
+        owner = select(W.c.id).where(W.c.pid == pid).scalar_subquery()
+        return list(await conn.execute(select(J.c.state, J.c.lease_expires).where(
+            J.c.state.in_([JobState.RUNNING.value, JobState.LEASED.value]),
+            J.c.lease_owner == owner)))
+
+    return [(r[0], (r[1] if r[1].tzinfo else r[1].replace(tzinfo=UTC)).timestamp())
+            for r in await q._read(read)]
+
+
+async def kill_and_drain(q: JobQueue, victim: subprocess.Popen[str], ids: list[int],
+                         timeout: float) -> tuple[float, list[tuple[str, float]]]:
+    """SIGKILL ``victim`` mid-run, then wait until the others (and the reclaim of its
+    leases) have finished every job of ``ids``: when it was killed, and its leases as
+    leases_of read them right after (what the cap counts until they expire)."""
+    killed_at = time.time()
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait()
+    dead = await leases_of(q, victim.pid)
+    await eventually(lambda: all_done(q, ids), timeout=timeout, every=0.2)
+    return killed_at, dead

@@ -48,7 +48,6 @@ class Worker:
         self.wake = self.state.wake
         self.claims = 0  # attempts started
         self._active = 0  # handlers executing now (capacity caps this)
-        self._avg_run: float | None = None  # moving average of handler run time, seconds
         self._poked = False  # a notification arrived since the last round
         self.pacer = pacing.Pacer()
         self._idle_exit = False
@@ -119,7 +118,7 @@ class Worker:
                 self._poked = False
                 if state.held:
                     await self._give_back_held()
-                usual = s.capacity + rnd.prefetch(self._avg_run)
+                usual = s.capacity + rnd.prefetch(self.state.avg_run)
                 want = usual - self._active - len(state.buffer)
                 want = await local_budget(s.local_limits, want)
                 # No new leases while this worker cannot renew the ones it has.
@@ -130,7 +129,7 @@ class Worker:
                     delay = s.poll_interval  # a finishing job sets `wake`
                     continue
                 held = self.pacer.hold(state, out.outbox, out.queued_at, s.capacity, usual,
-                                       self._avg_run, want, time.monotonic(),
+                                       self.state.avg_run, want, time.monotonic(),
                                        rnd.hold_scale) \
                     if rnd.holds else 0.0
                 if held > 0:
@@ -200,8 +199,8 @@ class Worker:
         finally:
             self._active -= 1
         took = time.monotonic() - t0
-        avg = self._avg_run
-        self._avg_run = self.state.avg_run = took if avg is None else avg + (took - avg) * 0.1
+        avg = self.state.avg_run
+        self.state.avg_run = took if avg is None else avg + (took - avg) * 0.1
         if outcome is None:  # lease lost: another attempt owns the job now
             self._forget(c)
         else:

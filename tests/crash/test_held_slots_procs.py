@@ -9,17 +9,13 @@ job is finished twice.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import time
 from collections import Counter
 from collections.abc import Callable
-from datetime import UTC
 from pathlib import Path
 from typing import Any
 
 import pytest
-from schedtools import max_overlap, read_log, spawn, stop, wait_ready
+from schedtools import kill_and_drain, max_overlap, read_log, spawn, stop, wait_ready
 from sqlalchemy import func, select
 
 from aiojobqueue import JobQueue, JobState
@@ -57,20 +53,6 @@ async def _held_by_pid(q: JobQueue) -> dict[int, int]:
     return await q._read(read)
 
 
-async def _leases_of(q: JobQueue, pid: int) -> list[tuple[str, float]]:
-    """(state, lease expiry) of the running and leased rows of worker process ``pid``."""
-    J, W = q._t.jobs, q._t.workers
-
-    async def read(conn: Any) -> list[Any]:
-        owner = select(W.c.id).where(W.c.pid == pid).scalar_subquery()
-        return list(await conn.execute(select(J.c.state, J.c.lease_expires).where(
-            J.c.state.in_([JobState.RUNNING.value, JobState.LEASED.value]),
-            J.c.lease_owner == owner)))
-
-    return [(r[0], (r[1] if r[1].tzinfo else r[1].replace(tzinfo=UTC)).timestamp())
-            for r in await q._read(read)]
-
-
 async def test_held_slots_keep_the_cap_across_processes_with_a_sigkilled_worker(
     make_queue: Callable[..., JobQueue], db_url: str, tmp_path: Path
 ) -> None:
@@ -101,11 +83,7 @@ async def test_held_slots_keep_the_cap_across_processes_with_a_sigkilled_worker(
             await eventually(someone_holds, timeout=30, every=0.005)
             victim_pid = max(seen_held, key=lambda pid: seen_held[pid])
             victim = next(p for p in procs if p.pid == victim_pid)
-            killed_at = time.time()
-            os.kill(victim.pid, signal.SIGKILL)
-            victim.wait()
-            dead = await _leases_of(q, victim.pid)
-            await eventually(lambda: _all_done(q, ids), timeout=90, every=0.2)
+            killed_at, dead = await kill_and_drain(q, victim, ids, timeout=90)
         finally:
             await asyncio.to_thread(stop, procs)
         states = await _states(q, ids)
@@ -135,7 +113,3 @@ async def test_held_slots_keep_the_cap_across_processes_with_a_sigkilled_worker(
     reruns = [jid for jid, runs in by_id.items() if len(runs) > 1]
     assert len(reruns) <= len(dead)
     assert all(attempts[jid] >= 2 for jid in reruns)
-
-
-async def _all_done(q: JobQueue, ids: list[int]) -> bool:
-    return (await _states(q, ids)).get(JobState.DONE.value, 0) == len(ids)

@@ -16,12 +16,11 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Callable
-from datetime import UTC
 from pathlib import Path
 from typing import Any
 
 import pytest
-from schedtools import max_overlap, read_log, spawn, stop, wait_ready
+from schedtools import all_done, kill_and_drain, max_overlap, read_log, spawn, stop, wait_ready
 from sqlalchemy import func, select
 
 from aiojobqueue import JobQueue, JobState
@@ -36,16 +35,6 @@ async def _backlog(q: JobQueue, n: int, ms: int, group: str = "default", weight:
     return [r.id for r in refs]
 
 
-async def _all_done(q: JobQueue, ids: list[int]) -> bool:
-    J = q._t.jobs
-
-    async def count(conn: Any) -> int:
-        return len((await conn.execute(
-            select(J.c.id).where(J.c.id.in_(ids), J.c.state == JobState.DONE.value))).all())
-
-    return await q._read(count) == len(ids)
-
-
 async def _run_procs(q: JobQueue, url: str, tmp_path: Path, opts: list[str], ids: list[int],
                      n: int = 3, limit: float = 60.0) -> list[dict[str, Any]]:
     from conftest import eventually
@@ -54,7 +43,7 @@ async def _run_procs(q: JobQueue, url: str, tmp_path: Path, opts: list[str], ids
     procs = [spawn(url, q.prefix, log, *opts) for _ in range(n)]
     try:
         await asyncio.to_thread(wait_ready, procs)
-        await eventually(lambda: _all_done(q, ids), timeout=limit, every=0.2)
+        await eventually(lambda: all_done(q, ids), timeout=limit, every=0.2)
     finally:
         await asyncio.to_thread(stop, procs)
     return read_log(log)
@@ -194,7 +183,7 @@ async def test_sigkilled_worker_frees_its_slots_after_lease_expiry(
 
         served = asyncio.create_task(q.serve())
         try:
-            await eventually(lambda: _all_done(q, after), timeout=30, every=0.1)
+            await eventually(lambda: all_done(q, after), timeout=30, every=0.1)
         finally:
             served.cancel()
             await asyncio.gather(served, return_exceptions=True)
@@ -226,34 +215,17 @@ async def test_handed_over_slots_keep_the_cap_with_a_sigkilled_worker(
             await eventually(lambda: len({r["pid"] for r in read_log(log)}) >= 2
                              and len(read_log(log)) >= 12, timeout=30, every=0.02)
             victim = next(p for p in procs if p.pid in {r["pid"] for r in read_log(log)})
-            killed_at = time.time()
-            os.kill(victim.pid, signal.SIGKILL)
-            victim.wait()
-            dead = await _leases_of(q, victim.pid)
-            await eventually(lambda: _all_done(q, ids), timeout=60, every=0.2)
+            killed_at, dead = await kill_and_drain(q, victim, ids, timeout=60)
         finally:
             await asyncio.to_thread(stop, procs)
     rows = read_log(log)
     assert {r["id"] for r in rows} == set(ids)
     # the dead worker's leases ran (as far as the cap knows) until they expired
-    held = [{"start": killed_at, "end": end} for end in dead]
+    held = [{"start": killed_at, "end": end} for st, end in dead if st == JobState.RUNNING.value]
     print("hand-over with a SIGKILL: max overlap", max_overlap(rows + held), "of cap 4;",
           len(held), "dead leases")
     assert max_overlap(rows + held) <= 4
     assert max_overlap(rows) == 4
-
-
-async def _leases_of(q: JobQueue, pid: int) -> list[float]:
-    """When the running leases of the worker process ``pid`` expire (wall clock)."""
-    J, W = q._t.jobs, q._t.workers
-
-    async def read(conn: Any) -> list[Any]:
-        owner = select(W.c.id).where(W.c.pid == pid).scalar_subquery()
-        return list(await conn.execute(select(J.c.lease_expires).where(
-            J.c.state == JobState.RUNNING.value, J.c.lease_owner == owner)))
-
-    return [(r[0] if r[0].tzinfo else r[0].replace(tzinfo=UTC)).timestamp()
-            for r in await q._read(read)]
 
 
 async def _count_is(fn: Callable[[], Any], n: int) -> bool:

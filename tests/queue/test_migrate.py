@@ -15,6 +15,29 @@ from aiojobqueue.fanout import SplitReleases
 from aiojobqueue.schema import CREDIT, OVERVIEW_COUNTED, SCHEMA_VERSION, build_tables
 
 
+def recorder(q: JobQueue) -> list[int]:
+    """The ids of the jobs of type ``t`` that ``q`` runs (its handler for ``t``)."""
+    ran: list[int] = []
+
+    @q.handler("t")
+    async def t(ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    return ran
+
+
+async def version_of(conn: Any, meta: Table) -> str:
+    """The schema version the meta table records."""
+    return str((await conn.execute(
+        select(meta.c.value).where(meta.c.name == "schema_version"))).scalar_one())
+
+
+async def index_columns(conn: Any, table: str) -> dict[str, list[str]]:
+    """The indexes of ``table``: name -> its columns."""
+    return dict(await conn.run_sync(lambda c: {
+        i["name"]: i["column_names"] for i in inspect(c).get_indexes(table)}))
+
+
 async def test_v1_schema_upgrades_in_place(make_queue: Callable[..., JobQueue]) -> None:
     """A v1 database (no has_dependents flag, full indexes) is brought to the current version
     with its jobs intact: the flag is filled from the existing edges, and the DAG then runs."""
@@ -40,8 +63,7 @@ async def test_v1_schema_upgrades_in_place(make_queue: Callable[..., JobQueue]) 
 
     async with q2:  # upgrades
         async with q2.engine.connect() as conn:
-            v = (await conn.execute(select(M.c.value).where(M.c.name == "schema_version"))
-                 ).scalar_one()
+            v = await version_of(conn, M)
             flags = dict((await conn.execute(select(J.c.id, J.c.has_dependents))).all())
             if conn.dialect.name == "postgresql":
                 ddl = (await conn.execute(text(
@@ -170,8 +192,7 @@ async def test_v3_live_key_constraint_upgrades_to_the_index(
     q2 = queues[0]
     ux = f"{q2.prefix}ux_live_key"
     async with q2.engine.connect() as conn:
-        v = (await conn.execute(select(M.c.value).where(M.c.name == "schema_version"))
-             ).scalar_one()
+        v = await version_of(conn, M)
         assert v == str(SCHEMA_VERSION)
         dialect = conn.dialect.name
         if dialect == "postgresql":
@@ -237,7 +258,7 @@ async def test_v4_schema_gains_the_releases_table(
 
     q2 = make_queue(capacity=1)  # the head's call leases at most 1: 4 released, 8 recorded
     monkeypatch.setattr(fanout, "SPLIT", 2)
-    ran: list[int] = []
+    ran = recorder(q2)
     parts: list[int] = []
     real = SplitReleases.rest_releases
 
@@ -247,14 +268,9 @@ async def test_v4_schema_gains_the_releases_table(
 
     monkeypatch.setattr(SplitReleases, "rest_releases", spy)
 
-    @q2.handler("t")
-    async def t(ctx: JobContext) -> None:
-        ran.append(ctx.job_id)
-
     async with q2:
         async with q2.engine.connect() as conn:
-            v = (await conn.execute(select(M.c.value).where(M.c.name == "schema_version"))
-                 ).scalar_one()
+            v = await version_of(conn, M)
             assert v == str(SCHEMA_VERSION)
             assert await conn.scalar(select(func.count()).select_from(R)) == 0
         await q2.run_until_idle()
@@ -290,8 +306,7 @@ async def test_v5_schema_gains_the_observability_columns(
 
     async with q2:  # upgrades
         async with q2.engine.connect() as conn:
-            v = (await conn.execute(select(M.c.value).where(M.c.name == "schema_version"))
-                 ).scalar_one()
+            v = await version_of(conn, M)
         assert v == str(SCHEMA_VERSION)
         await q2.run_until_idle()
         job = await q2.get(jid)
@@ -343,11 +358,7 @@ async def test_v6_schema_gains_the_trace_column_and_the_overview_indexes(
             assert not await conn.run_sync(indexes) & names
 
     q2 = make_queue()
-    ran: list[int] = []
-
-    @q2.handler("t")
-    async def t(ctx: JobContext) -> None:
-        ran.append(ctx.job_id)
+    ran = recorder(q2)
 
     def provider(p: TracerProvider | None) -> None:
         trace._TRACER_PROVIDER_SET_ONCE = Once()  # type: ignore[attr-defined]
@@ -357,8 +368,7 @@ async def test_v6_schema_gains_the_trace_column_and_the_overview_indexes(
 
     async with q2:  # upgrades
         async with q2.engine.connect() as conn:
-            v = (await conn.execute(select(M.c.value).where(M.c.name == "schema_version"))
-                 ).scalar_one()
+            v = await version_of(conn, M)
             assert v == str(SCHEMA_VERSION) == "9"
             have = await conn.run_sync(indexes)
         assert (have & names) == (names if partial else set())
@@ -399,20 +409,14 @@ async def test_v7_rate_ledger_gains_starts_and_its_rows_count_one_each(
 
     lim = RateLimit(6, per=60.0, name="r")
     q2 = make_queue(limits=[lim], capacity=10)
-    ran: list[int] = []
-
-    @q2.handler("t")
-    async def t(ctx: JobContext) -> None:
-        ran.append(ctx.job_id)
+    ran = recorder(q2)
 
     async with q2:  # upgrades
         async with q2.engine.connect() as conn:
-            v = (await conn.execute(select(M.c.value).where(M.c.name == "schema_version"))
-                 ).scalar_one()
+            v = await version_of(conn, M)
             assert v == str(SCHEMA_VERSION) == "9"
             assert sorted(r[0] for r in await conn.execute(select(R.c.starts))) == [1, 1, 1]
-            found = await conn.run_sync(lambda c: {
-                i["name"]: i["column_names"] for i in inspect(c).get_indexes(R.name)})
+            found = await index_columns(conn, R.name)
             assert found[ix] == ["name", "at", "starts"]  # the budget's SUM reads it alone
             assert await lim.budget(conn, q2._t) == 3
         async with q2.batch() as b:
@@ -439,19 +443,13 @@ async def test_v8_schema_gains_the_leased_index(make_queue: Callable[..., JobQue
             await conn.execute(update(M).where(M.c.name == "schema_version").values(value="8"))
 
     q2 = make_queue(concurrency=2, capacity=2)
-    ran: list[int] = []
-
-    @q2.handler("t")
-    async def t(ctx: JobContext) -> None:
-        ran.append(ctx.job_id)
+    ran = recorder(q2)
 
     async with q2:  # upgrades
         async with q2.engine.connect() as conn:
-            v = (await conn.execute(select(M.c.value).where(M.c.name == "schema_version"))
-                 ).scalar_one()
+            v = await version_of(conn, M)
             assert v == str(SCHEMA_VERSION) == "9"
-            found = await conn.run_sync(lambda c: {
-                i["name"]: i["column_names"] for i in inspect(c).get_indexes(J.name)})
+            found = await index_columns(conn, J.name)
             assert found[ix] == ["state", "lease_owner", "lease_expires"]
         async with q2.batch() as b:
             refs = [b.add("t", {}) for _ in range(20)]
