@@ -135,6 +135,26 @@ def census_query(t: S.Tables, ops: Any, from_start: bool, with_running: bool
             .select_from(src.outerjoin(run, run.c.group_key == src.c.g)))
 
 
+def others_query(t: S.Tables, ops: Any) -> Select[Any]:
+    """One row: the nearest group with ready jobs before ``:g`` and the nearest after it
+    in name order (NULL where there is none): whether a group other than ``:g`` has ready
+    jobs, in two "first entry of an index range" probes of ix_ready (Claimer.claim's renewal
+    of a known single group). A census would also read ``:g``'s whole backlog where the
+    database has no loose index scan of its own (MariaDB reads a GROUP BY on the index's
+    second column entry by entry, and the census's correlated probes as a ref on state)."""
+    J = t.jobs
+    g = bindparam("g", type_=String())
+    ready = J.c.state == lit(S.READY)
+    # (bounds written by the dialect: on PostgreSQL row comparisons, see key_after)
+    before = (select(J.c.group_key)
+              .where(ready, ops.key_before(J.c.state, lit(S.READY), J.c.group_key, g))
+              .order_by(J.c.group_key.desc()).limit(1).scalar_subquery())
+    after = (select(J.c.group_key)
+             .where(ready, ops.key_after(J.c.state, lit(S.READY), J.c.group_key, g))
+             .order_by(J.c.group_key).limit(1).scalar_subquery())
+    return select(before.label("before"), after.label("after"))
+
+
 class Census:
     """The groups with runnable work, read in fair_share's rotation order (the names after
     ``cursor``, then from the start) only as far as a claim needs them.

@@ -48,6 +48,16 @@ class Listener(ABC):
     #: dashboard's live view still polls for the rest where it does not.
     every_commit: ClassVar[bool] = False
 
+    def busy(self) -> bool:
+        """Whether the worker it wakes claims again now without being woken (its last claim
+        came back full): a listener that polls may then look less often. The worker
+        replaces this with its own (``set_busy``); alone, never busy."""
+        return False
+
+    def set_busy(self, busy: Callable[[], bool]) -> None:
+        """Ask ``busy()`` for whether the woken worker is busy (see ``busy``)."""
+        self.busy = busy  # type: ignore[method-assign]
+
     @abstractmethod
     async def run(self, on_wake: WakeCallback) -> None:
         """Listen until cancelled, calling ``on_wake(payload)``; reconnects on drops."""
@@ -183,6 +193,11 @@ class DialectOps(InsertHooks, ABC):
         """``key_col > bound`` among rows of ``state``, written so that a scan of an index
         on (state, key, ...) starts at (state, bound) (the census's loose scan)."""
         return key_col > bound
+
+    def key_before(self, state_col: Any, state: Any, key_col: Any, bound: Any) -> Any:
+        """``key_col < bound`` among rows of ``state``, written as key_after is (a backward
+        scan of the index starts at (state, bound))."""
+        return key_col < bound
 
     def group_scan(self, state_col: Any, state: Any, key_col: Any, from_start: bool
                    ) -> Select[Any] | None:

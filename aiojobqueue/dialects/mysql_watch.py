@@ -41,7 +41,9 @@ seconds on the queue's pool and connects again after a backoff (from RETRY secon
 doubling to RETRY_MAX: longer than a sleep, so a lost connection's thread is gone first).
 
 What an idle fleet sends: the holder 1 / LONG statements a second, each waiter 1 / WAIT;
-warm, each watch about 1 / FAST, as when it polled.
+warm, each watch about 1 / FAST, as when it polled. A waiter whose worker is busy (its
+claims come back full: ``Listener.busy``) waits as when cold, warm or not: in a drain over
+8 processes the warm waiters' FAST looks were a sixth of all the statements the fleet sent.
 """
 
 from __future__ import annotations
@@ -194,8 +196,10 @@ class BellWatch(Listener):
             # warm (a burst): wait at most FAST for the baton, so this watch reads the bell
             # every FAST seconds whatever the hand-overs do; a holder that lets go after a
             # ring hands the baton to one of them at once (it looks first: a wake within
-            # a few round trips of the ringer's KILL, not at the next poll)
-            warm = loop.time() - self._rang_at < WARM
+            # a few round trips of the ringer's KILL, not at the next poll). Not while its
+            # worker is busy (claiming again at once: a wake changes nothing): it waits for
+            # the baton as when cold, and learns of a ring when the baton comes to it
+            warm = loop.time() - self._rang_at < WARM and not self.busy()
             wait = FAST if warm else WAIT
             began = loop.time()
             row = await self._run(conn, self._wait, (self._last, wait), wait, whole=True)

@@ -73,6 +73,9 @@ class Worker:
                         "periodic", lambda: run_schedules(core.db, core.schedules, core.batch_on))))
                 listener = db.ops.listener(db.engine)
                 if listener is not None and not until_idle:
+                    # while its claims come back full the worker claims again at once: a
+                    # wake-up would change nothing (a polling bell watch looks less often)
+                    listener.set_busy(lambda: state.backlog and not state.stopping)
                     side.append(tg.create_task(db.resilient(
                         "listen", lambda: listener.run(self._on_notify))))
                 try:
@@ -126,7 +129,8 @@ class Worker:
                     delay = s.poll_interval  # a finishing job sets `wake`
                     continue
                 held = self.pacer.hold(state, out.outbox, out.queued_at, s.capacity, usual,
-                                       self.state.avg_run, want, time.monotonic()) \
+                                       self.state.avg_run, want, time.monotonic(),
+                                       rnd.hold_scale) \
                     if rnd.holds else 0.0
                 if held > 0:
                     delay = held  # woken by each finishing job, to look again

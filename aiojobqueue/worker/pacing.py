@@ -6,7 +6,8 @@ concurrency spread over many processes) each round then carries one or two jobs:
 or two per job, which is what the database pays for most (bench/scale.py, docs/deploying.md).
 Where nothing is waiting on the round, it waits instead (``Pacer.hold``) until it carries
 half the worker's usual lease (``capacity`` plus its prefetch), for at most ROUND_HOLD after
-the oldest outcome it would write, and only while the jobs in its buffer keep every slot
+the oldest outcome it would write (three times that on MySQL/MariaDB, whose rounds cost
+more statements: rounds.WIDE_HOLD), and only while the jobs in its buffer keep every slot
 busy for MARGIN times as long as a round takes here (so the round lands before a slot runs
 dry). Nothing is waiting when:
 
@@ -47,13 +48,14 @@ class Pacer:
         self.round_time = took if rt is None else rt + (took - rt) * 0.2
 
     def hold(self, state: WorkerState, outbox: Sequence[Outcome], queued_at: float,
-             capacity: int, usual: int, avg_run: float | None, want: int, now: float
-             ) -> float:
+             capacity: int, usual: int, avg_run: float | None, want: int, now: float,
+             scale: float = 1.0) -> float:
         """Seconds the next round may still wait (0 or less: run it now). ``outbox``: the
         outcomes it would write, the oldest queued at ``queued_at``; ``usual``: what the
         worker leases when all its slots and its prefetch are free; ``want``: what it
         would lease now; ``avg_run``: the handlers' recent average run time (monotonic
-        seconds throughout)."""
+        seconds throughout); ``scale``: the round kind's multiple of ROUND_HOLD
+        (ParallelRound.hold_scale)."""
         rt = self.round_time
         if rt is None or avg_run is None or state.stopping or want * 2 >= usual:
             return 0.0
@@ -63,4 +65,5 @@ class Pacer:
         if not all(state.alone(o.job_id, o.attempt) for o in outbox):
             return 0.0
         lasts = buffered * avg_run / capacity  # how long the buffer keeps every slot busy
-        return min((queued_at if outbox else now) + ROUND_HOLD, now + lasts - MARGIN * rt) - now
+        longest = ROUND_HOLD * scale
+        return min((queued_at if outbox else now) + longest, now + lasts - MARGIN * rt) - now

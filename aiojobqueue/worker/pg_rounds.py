@@ -11,11 +11,16 @@ from typing import Any
 
 from ..claim import Claimed, LeaseAsk
 from ..finalize import Outcome, swaps
-from .rounds import ParallelRound
+from .rounds import PREFETCH_FLOOR, PREFETCH_HORIZON, ParallelRound
 
 
 class AutocommitRound(ParallelRound):
     """ParallelRound with the atomic statements in autocommit (see the module docstring)."""
+
+    # every success is one autocommit UPDATE and a claim one statement: the usual pace
+    hold_scale = 1.0
+    horizon = PREFETCH_HORIZON
+    floor = PREFETCH_FLOOR
 
     def claim_runner(self) -> Callable[[Callable[[Any], Awaitable[list[Claimed]]]],
                                        Awaitable[list[Claimed]]]:

@@ -52,6 +52,15 @@ PREFETCH_FLOOR_GROUPS = 192
 #: SQLite (SharedRound): at most max(SHARED_AHEAD, capacity) leases ahead (and, as
 #: everywhere, no more than PREFETCH_HORIZON seconds of work at the recent pace)
 SHARED_AHEAD = 8
+#: MySQL/MariaDB (ParallelRound) carry more per round: there a round is two transactions
+#: of three statements or more (no UPDATE ... RETURNING, no autocommit path), so the same
+#: total concurrency over 8 processes cost the server twice the statements per job of one
+#: process. Their prefetch aims at WIDE_HORIZON seconds of work (at most WIDE_FLOOR jobs
+#: where that is more than PREFETCH_MAX x capacity), and a busy worker's round may wait
+#: WIDE_HOLD x pacing.ROUND_HOLD to carry more.
+WIDE_HORIZON = 0.15
+WIDE_FLOOR = 96
+WIDE_HOLD = 3.0
 #: Under a counted cap, a worker holds jobs ahead (state ``leased``: see
 #: Claimer._take_over) per slot it holds: about PREFETCH_HORIZON seconds of work at its
 #: recent pace, at least one and at most this many
@@ -61,8 +70,13 @@ HOLD_PER_SLOT = 8
 class ParallelRound:
     """Finalize, and claim beside it or right after it (see the module docstring)."""
 
-    #: a busy worker's round may wait to carry more (pacing.hold)
+    #: a busy worker's round may wait to carry more (pacing.hold), for up to this many
+    #: times pacing.ROUND_HOLD
     holds = True
+    hold_scale = WIDE_HOLD
+    #: prefetch: seconds of work to lease ahead, and the most jobs (see prefetch())
+    horizon = WIDE_HORIZON
+    floor = WIDE_FLOOR
 
     def __init__(self, core: Core, state: WorkerState, outcomes: Outcomes) -> None:
         self.core = core
@@ -145,8 +159,8 @@ class ParallelRound:
 
     def prefetch(self, avg_run: float | None) -> int:
         """Extra jobs to lease ahead of free slots: about what this worker starts within
-        PREFETCH_HORIZON at its recent pace, at most PREFETCH_MAX x ``capacity`` (or
-        PREFETCH_FLOOR); only while the last claim came back full (a backlog to run
+        ``horizon`` seconds at its recent pace, at most PREFETCH_MAX x ``capacity`` (or
+        ``floor``); only while the last claim came back full (a backlog to run
         through: a shallow ready set is left to the other workers). None where a global
         cap, group cap or local limit is counted (a prefetched job would hold a scarce slot
         idle); under a RateLimit, at most a quarter of the starts its last count left
@@ -155,8 +169,9 @@ class ParallelRound:
         s = self.core.settings
         if s.counts_slots or s.local_limits or avg_run is None or not self.state.backlog:
             return 0
-        pace = s.capacity * PREFETCH_HORIZON / max(avg_run, 1e-6)
-        floor = PREFETCH_FLOOR if self.core.claimer.single_group else PREFETCH_FLOOR_GROUPS
+        pace = s.capacity * self.horizon / max(avg_run, 1e-6)
+        floor = (self.floor if self.core.claimer.single_group
+                 else max(self.floor, PREFETCH_FLOOR_GROUPS))
         ahead = min(max(PREFETCH_MAX * s.capacity, floor), int(pace))
         for limit in s.db_limits:
             ahead = min(ahead, limit.headroom // 4)
@@ -322,6 +337,8 @@ class SharedRound(ParallelRound):
     """Finalize and claim in one transaction (see the module docstring)."""
 
     holds = False  # one writer at a time, and few leases ahead: nothing to carry more of
+    horizon = PREFETCH_HORIZON
+    floor = PREFETCH_FLOOR
 
     async def run(self, want: int, types: list[str], quick: bool) -> tuple[bool, list[Claimed]]:
         out = self.outcomes

@@ -494,3 +494,43 @@ async def test_warm_watches_are_woken_by_another_processs_ring(
     late = [w.first_after(t) - t for w in ws for t in done]
     assert max(late) < PROMPT, late
     assert len(holders) == 1 and cold == holders[0]
+
+
+async def test_busy_waiters_wait_for_the_baton_as_when_cold_and_still_wake(
+    make_queue: Callable[..., JobQueue], monkeypatch: pytest.MonkeyPatch, db_url: str,
+    prefix: str,
+) -> None:
+    """Warm after a ring, a waiter looks at the bell every FAST seconds, unless its worker is
+    busy (Listener.busy: its claims come back full, so it claims again without a wake):
+    then it waits for the baton as when cold, and a ring still reaches it at once, by the
+    baton the woken holder lets go of."""
+    monkeypatch.setattr(mw, "WARM", 60.0)
+    monkeypatch.setattr(mw, "LONG", 30.0)
+    monkeypatch.setattr(mw, "WAIT", 30.0)
+    busy = [False]
+    q = make_queue()
+    async with q:
+        ws = [Watching(q) for _ in range(3)]
+        for w in ws:
+            w.watch.set_busy(lambda: busy[0])
+        try:
+            await asyncio.sleep(1.0)  # settled
+            await q.enqueue("t", {})  # warm from now on
+            await asyncio.sleep(0.3)
+
+            async def waiter_looks() -> int:
+                before = {id(w): w.watch.looks for w in ws}
+                await asyncio.sleep(0.5)
+                return sum(w.watch.looks - before[id(w)] for w in ws if not w.watch.holding)
+
+            assert await waiter_looks() > 10  # idle and warm: every FAST seconds
+            busy[0] = True
+            await asyncio.sleep(0.1)  # (a look under way ends)
+            assert await waiter_looks() <= 2  # busy: waiting for the baton
+            done, _err = await _produce(db_url, prefix, 1, 0.1)
+            await asyncio.sleep(PROMPT)
+        finally:
+            for w in ws:
+                await w.stop()
+    late = [w.first_after(done[0]) - done[0] for w in ws]
+    assert max(late) < PROMPT, late

@@ -181,7 +181,8 @@ async def test_no_group_with_work_waits_more_than_the_others_count(
         assert max(first.values()) < len(groups)  # every group ran once before any twice
 
 
-async def test_served_in_turn_while_jobs_run(make_queue: Callable[..., JobQueue]) -> None:
+async def test_served_in_turn_while_jobs_run(make_queue: Callable[..., JobQueue],
+                                             db: str) -> None:
     """The same bound through the worker loop (run_until_idle, capacity 5, prefetch):
     every group's first job starts before any group's second, but for one claim's worth
     (a claim's jobs start in id order, not in the order they were granted)."""

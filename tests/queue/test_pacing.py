@@ -14,7 +14,8 @@ from sqlalchemy import func, select
 from aiojobqueue import JobQueue
 from aiojobqueue.claim import Claimed
 from aiojobqueue.finalize import Outcome
-from aiojobqueue.worker import pacing
+from aiojobqueue.worker import pacing, rounds
+from aiojobqueue.worker.outcomes import Outcomes
 from aiojobqueue.worker.state import Running, WorkerState
 
 SERVERS = pytest.mark.parametrize("db", ["postgresql", "mariadb"], indirect=True)
@@ -72,6 +73,29 @@ async def test_a_round_never_waits_where_something_waits_on_it() -> None:
     assert _pacer(0.004).hold(state, outbox[:1], 100.0, 8, 48, 0.01, want=1, now=100.0) == \
         pytest.approx(0.002)
     assert _pacer(0.006).hold(state, outbox[:1], 100.0, 8, 48, 0.01, want=1, now=100.0) <= 0
+
+
+@SERVERS
+async def test_mysql_rounds_carry_more_than_postgresqls(
+    make_queue: Callable[..., JobQueue], db: str,
+) -> None:
+    """On MySQL/MariaDB a round is two transactions of three statements or more, so its
+    prefetch aims at WIDE_HORIZON seconds of work (at most WIDE_FLOOR jobs) and a busy round
+    may wait WIDE_HOLD x ROUND_HOLD; PostgreSQL's autocommit rounds keep the usual pace.
+    8 slots of 10 ms jobs with a backlog: 96 jobs ahead and 60 ms against 40 and 20 ms."""
+    q = make_queue(capacity=8)
+    async with q:
+        core = q._started()
+        state = WorkerState()
+        state.backlog = True
+        rnd = core.round_kind(core, state, Outcomes(core, state, lambda _c: None))
+        mysql = db == "mariadb"
+        assert rnd.prefetch(0.01) == (rounds.WIDE_FLOOR if mysql else 40)
+        jobs = [_claimed(i) for i in range(3)]
+        state = await _state(jobs, buffered=96)
+        held = _pacer(0.002).hold(state, [_done(c) for c in jobs], 100.0, 8, 104, 0.01,
+                                  want=3, now=100.0, scale=rnd.hold_scale)
+        assert held == pytest.approx(pacing.ROUND_HOLD * (rounds.WIDE_HOLD if mysql else 1))
 
 
 async def _mean_batch(make_queue: Callable[..., JobQueue], n: int, kind: str) -> float:

@@ -162,6 +162,9 @@ class PostgresOps(PgInsert, DialectOps):
         # the index's second column scans it from its first entry (O(ready jobs) a step)
         return tuple_(state_col, key_col) > tuple_(state, bound)
 
+    def key_before(self, state_col: Any, state: Any, key_col: Any, bound: Any) -> Any:
+        return tuple_(state_col, key_col) < tuple_(state, bound)  # (see key_after)
+
     def key_is(self, state_col: Any, state: Any, key_col: Any, value: Any) -> Any:
         # (see key_after) both bounds as row comparisons, the equality kept for the order
         row, at = tuple_(state_col, key_col), tuple_(state, value)
