@@ -88,6 +88,7 @@ async def test_mysql_rounds_carry_more_than_postgresqls(
         core = q._started()
         state = WorkerState()
         state.backlog = True
+        core.claimer.single_group = "default"  # (many groups: PREFETCH_FLOOR_GROUPS)
         rnd = core.round_kind(core, state, Outcomes(core, state, lambda _c: None))
         mysql = db == "mariadb"
         assert rnd.prefetch(0.01) == (rounds.WIDE_FLOOR if mysql else 40)
