@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .actions import Actions
-from .claim import Claimed, Claimer
+from .claim import Claimer
+from .claimed import Claimed
 from .database import Database
 from .dialects.urls import dialect_for, open_engine
 from .fanout import SplitReleases

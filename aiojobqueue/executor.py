@@ -12,7 +12,7 @@ from sqlalchemy import select, update
 from . import progress, tracing
 from . import schema as S
 from .batch import Batch, check_json
-from .claim import Claimed
+from .claimed import Claimed
 from .database import Database
 from .errors import AioJobQueueError, NotJSONError
 from .finalize import Outcome

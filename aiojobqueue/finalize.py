@@ -28,7 +28,7 @@ from .sql import lit
 from .timeutil import db_now, utcnow_plus
 
 if TYPE_CHECKING:
-    from .claim import LeaseAsk
+    from .claimed import LeaseAsk
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from .errors import InvalidJobError
 from .sql import lit
 
 if TYPE_CHECKING:
-    from .claim import Claimed
+    from .claimed import Claimed
     from .database import Database
 
 log = logging.getLogger("aiojobqueue.progress")

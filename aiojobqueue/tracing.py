@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from .batch import _Spec
-    from .claim import Claimed
+    from .claimed import Claimed
     from .finalize import Outcome
 
 try:

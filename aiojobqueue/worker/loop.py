@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from .. import schema as S
-from ..claim import Claimed
+from ..claimed import Claimed
 from ..core import Core
 from ..executor import run_attempt
 from ..hooks import JobEvent

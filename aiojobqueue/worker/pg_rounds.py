@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
-from ..claim import Claimed, LeaseAsk
+from ..claimed import Claimed, LeaseAsk
 from ..finalize import Outcome, swaps
 from .rounds import PREFETCH_FLOOR, PREFETCH_HORIZON, ParallelRound
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..claim import Claimed
+from ..claimed import Claimed
 from ..hooks import JobEvent
 
 log = logging.getLogger("aiojobqueue.worker")

@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
-from ..claim import Claimed, Hold, LeaseAsk
+from ..claimed import Claimed, Hold, LeaseAsk
 from ..core import Core
 from ..finalize import Outcome, Recount, swaps
 from ..logs import brief

@@ -8,7 +8,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..claim import Claimed
+from ..claimed import Claimed
 from ..executor import Reasons
 
 

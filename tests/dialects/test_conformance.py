@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import event, insert, select, text
 
 from aiojobqueue import JobContext, JobQueue, JobState
-from aiojobqueue.claim import Claimed
+from aiojobqueue.claimed import Claimed
 from aiojobqueue.finalize import Outcome
 
 WORKER = Path(__file__).resolve().parents[1] / "dagworker.py"

@@ -17,7 +17,7 @@ from sqlalchemy import any_, event, insert, literal_column, select, text
 import aiojobqueue.census as census_mod
 import aiojobqueue.claim as claim_mod
 from aiojobqueue import JobQueue, JobState
-from aiojobqueue.claim import Claimed
+from aiojobqueue.claimed import Claimed
 from aiojobqueue.finalize import Outcome
 from aiojobqueue.lease import PickThenLease
 from aiojobqueue.migrate import routine_spec

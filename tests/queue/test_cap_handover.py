@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import func, select
 
 from aiojobqueue import JobQueue
-from aiojobqueue.claim import Claimed, LeaseAsk
+from aiojobqueue.claimed import Claimed, LeaseAsk
 from aiojobqueue.finalize import Outcome
 
 PG_ONLY = pytest.mark.parametrize("db", ["postgresql"], indirect=True)

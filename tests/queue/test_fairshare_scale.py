@@ -17,7 +17,7 @@ from sqlalchemy import event, func, select, update
 from aiojobqueue import JobQueue
 from aiojobqueue import schema as S
 from aiojobqueue.census import Census
-from aiojobqueue.claim import Claimed
+from aiojobqueue.claimed import Claimed
 from aiojobqueue.finalize import Outcome
 from aiojobqueue.policy import GroupDemand, fair_share, rotation_key
 from aiojobqueue.worker.rounds import PREFETCH_FLOOR_GROUPS, PREFETCH_MAX

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 
 from aiojobqueue import JobContext, JobQueue, JobState
-from aiojobqueue.claim import Claimed, Hold
+from aiojobqueue.claimed import Claimed, Hold
 from aiojobqueue.finalize import Outcome
 from aiojobqueue.timeutil import utcnow_plus
 

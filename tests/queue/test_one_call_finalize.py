@@ -22,7 +22,8 @@ from tcpproxy import TcpProxy
 
 import aiojobqueue.claim as claim_mod
 from aiojobqueue import JobContext, JobQueue, JobState
-from aiojobqueue.claim import Claimed, Claimer, LeaseAsk
+from aiojobqueue.claim import Claimer
+from aiojobqueue.claimed import Claimed, LeaseAsk
 from aiojobqueue.finalize import Finalizer, Outcome
 from aiojobqueue.schema import build_tables
 

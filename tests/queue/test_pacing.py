@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import func, select
 
 from aiojobqueue import JobQueue
-from aiojobqueue.claim import Claimed
+from aiojobqueue.claimed import Claimed
 from aiojobqueue.finalize import Outcome
 from aiojobqueue.worker import pacing, rounds
 from aiojobqueue.worker.outcomes import Outcomes

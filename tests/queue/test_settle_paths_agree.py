@@ -24,7 +24,7 @@ from conftest import drop_tables
 from sqlalchemy import select
 
 from aiojobqueue import DependencyCycleError, JobQueue
-from aiojobqueue.claim import Claimed
+from aiojobqueue.claimed import Claimed
 from aiojobqueue.core import Core
 from aiojobqueue.finalize import Outcome
 from aiojobqueue.release import ReturningWrites
