@@ -22,12 +22,11 @@ from aiojobqueue.lease import ReturningLease
 from aiojobqueue.policy import fair_share, rotation_key
 
 
+@pytest.mark.parametrize("db", ["postgresql"], indirect=True)  # (DialectOps.fair_pick_sql)
 @pytest.mark.parametrize("seed", range(4))
 async def test_the_fair_pick_splits_as_fair_share(
     make_queue: Callable[..., JobQueue], db: str, seed: int,
 ) -> None:
-    if db != "postgresql":
-        pytest.skip("the fair pick is PostgreSQL's (DialectOps.fair_pick_sql)")
     rng = random.Random(seed)
     q, other = make_queue(), make_queue()
     n = rng.choice((3, 17, 40))
