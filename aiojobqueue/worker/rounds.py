@@ -5,8 +5,8 @@ at start (``DialectOps.round_kind``; the PostgreSQL two are in pg_rounds.py):
 * ``SharedRound`` (SQLite): the database runs in this process, so no commit answer can be
   lost between the two: finalize and claim share one transaction and one commit. One
   writer at a time: nothing runs beside it, and only a few leases are taken ahead
-  (prefetch: one per slot, SHARED_AHEAD at least), so the next jobs run while a round
-  commits.
+  (prefetch: one per slot, SHARED_AHEAD at least, SHARED_AHEAD_GROUPS over many groups),
+  so the next jobs run while a round commits.
 * ``ParallelRound`` (MySQL/MariaDB): the claim runs beside the finalize on another
   connection when it cannot depend on it (a backlog, or jobs nothing waits on), else
   right after it, so a DAG's critical path takes one round per step. Never one
@@ -50,8 +50,12 @@ PREFETCH_FLOOR = 64
 #: fewer, larger claims (still within PREFETCH_HORIZON of work) cost less per job
 PREFETCH_FLOOR_GROUPS = 192
 #: SQLite (SharedRound): at most max(SHARED_AHEAD, capacity) leases ahead (and, as
-#: everywhere, no more than PREFETCH_HORIZON seconds of work at the recent pace)
+#: everywhere, no more than PREFETCH_HORIZON seconds of work at the recent pace) ...
 SHARED_AHEAD = 8
+#: ... or max(SHARED_AHEAD_GROUPS, capacity) where the last census found more than one
+#: group with runnable jobs: as PREFETCH_FLOOR_GROUPS, a claim over many groups pays a
+#: census and a pick per group, and SQLite's one writer pays it with every process waiting
+SHARED_AHEAD_GROUPS = 32
 #: MySQL/MariaDB (ParallelRound) carry more per round: there a round is two transactions
 #: of three statements or more (no UPDATE ... RETURNING, no autocommit path), so the same
 #: total concurrency over 8 processes cost the server twice the statements per job of one
@@ -367,6 +371,10 @@ class SharedRound(ParallelRound):
         # after round while other processes sit in the busy handler's back-off, so it would
         # end up hoarding the queue. A few leases (one per slot, SHARED_AHEAD at least) only
         # let the next jobs run while the round writing the last ones commits (a capacity=1
-        # worker otherwise waits for each round between two jobs: bench/wake.py).
+        # worker otherwise waits for each round between two jobs: bench/wake.py). Over
+        # many groups a few more (SHARED_AHEAD_GROUPS): each claim's census and picks cost
+        # about twice a one-group claim's, and fewer, larger claims keep the write lock
+        # free for longer between them.
         cap = self.core.settings.capacity
-        return min(super().prefetch(avg_run), max(SHARED_AHEAD, cap))
+        ahead = SHARED_AHEAD if self.core.claimer.single_group else SHARED_AHEAD_GROUPS
+        return min(super().prefetch(avg_run), max(ahead, cap))

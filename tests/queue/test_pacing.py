@@ -99,6 +99,28 @@ async def test_mysql_rounds_carry_more_than_postgresqls(
         assert held == pytest.approx(pacing.ROUND_HOLD * (rounds.WIDE_HOLD if mysql else 1))
 
 
+@pytest.mark.parametrize("db", ["sqlite"], indirect=True)
+async def test_sqlite_leases_a_few_more_ahead_over_many_groups(
+    make_queue: Callable[..., JobQueue], db: str,
+) -> None:
+    """SQLite's one writer keeps its prefetch short (max(SHARED_AHEAD, capacity): a worker
+    leasing far ahead would hoard the queue), but where the last census found several
+    groups a claim pays a census and a pick per group: SHARED_AHEAD_GROUPS then, so those
+    costs are spread over more jobs. 8 slots of 1 ms jobs with a backlog."""
+    q = make_queue(capacity=8)
+    async with q:
+        core = q._started()
+        state = WorkerState()
+        state.backlog = True
+        rnd = core.round_kind(core, state, Outcomes(core, state, lambda _c: None))
+        assert isinstance(rnd, rounds.SharedRound)
+        core.claimer.single_group = "default"
+        assert rnd.prefetch(0.001) == rounds.SHARED_AHEAD
+        core.claimer.single_group = None  # several groups with runnable jobs
+        assert rnd.prefetch(0.001) == rounds.SHARED_AHEAD_GROUPS
+        assert rnd.prefetch(0.05) == 8  # still no more than PREFETCH_HORIZON of work
+
+
 async def _mean_batch(make_queue: Callable[..., JobQueue], n: int, kind: str) -> float:
     """Jobs per finalize over a drain of ``n`` jobs of 2-18 ms of type ``kind`` by one worker of
     capacity 8:
