@@ -241,6 +241,37 @@ async def test_census_reads_only_groups_with_ready_jobs(
         assert not any(q._t.groups.name in s for s in statements)
 
 
+@pytest.mark.parametrize("db", ["mariadb"], indirect=True)
+async def test_census_reads_one_weight_entry_per_group_on_mariadb(
+    make_queue: Callable[..., JobQueue],
+) -> None:
+    """MariaDB's ix_ready_weight has an entry for every row (no partial index), so the
+    census's "largest weight" probe is the group's first entry from the top; bounded to
+    weights above 1 (the partial index's predicate elsewhere) it read a group of weight-1
+    jobs to its end. 5 groups of 300 ready jobs: the census reads backwards (the probe's
+    ORDER BY weight DESC) a few entries a group, not 1,500, and still finds the weight."""
+    q = make_queue()
+    async with q:
+        await enqueue(q, [("t", f"g{i}", 1) for i in range(5) for _ in range(300)])
+        await enqueue(q, [("t", "g4", 3)])
+
+        async def prev_reads(conn: Any) -> int:
+            row = (await conn.exec_driver_sql(
+                "SHOW SESSION STATUS LIKE 'Handler_read_prev'")).one()
+            return int(row[1])
+
+        async def census(conn: Any) -> tuple[Census, int]:
+            before = await prev_reads(conn)
+            c = Census(q._core.claimer, ["t"])
+            await c.fill(conn, 10)
+            return c, await prev_reads(conn) - before
+
+        c, reads = await q._write(census)
+        assert c.done and {g: d.weight for g, d in c.demand.items()} == {
+            "g0": 1, "g1": 1, "g2": 1, "g3": 1, "g4": 3}
+        assert reads <= 5 * 3
+
+
 async def test_a_claim_over_more_groups_than_one_statement_takes(
     make_queue: Callable[..., JobQueue],
 ) -> None:
