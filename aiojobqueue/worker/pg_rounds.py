@@ -11,7 +11,7 @@ from typing import Any
 
 from ..claimed import Claimed, LeaseAsk
 from ..finalize import Outcome, swaps
-from .rounds import PREFETCH_FLOOR, PREFETCH_HORIZON, ParallelRound
+from .rounds import PREFETCH_FLOOR, PREFETCH_FLOOR_GROUPS, PREFETCH_HORIZON, ParallelRound
 
 
 class AutocommitRound(ParallelRound):
@@ -21,6 +21,7 @@ class AutocommitRound(ParallelRound):
     hold_scale = 1.0
     horizon = PREFETCH_HORIZON
     floor = PREFETCH_FLOOR
+    floor_groups = PREFETCH_FLOOR_GROUPS
 
     def claim_runner(self) -> Callable[[Callable[[Any], Awaitable[list[Claimed]]]],
                                        Awaitable[list[Claimed]]]:

@@ -64,6 +64,11 @@ SHARED_AHEAD_GROUPS = 32
 #: WIDE_HOLD x pacing.ROUND_HOLD to carry more.
 WIDE_HORIZON = 0.15
 WIDE_FLOOR = 96
+#: ... and at most WIDE_FLOOR_GROUPS where the last census found several groups: there
+#: the census reads every ready entry of each group it returns (MariaDB has no loose index
+#: scan) and entries of leased jobs that purge has not yet removed, so fewer, larger claims
+#: pay it less often
+WIDE_FLOOR_GROUPS = 384
 WIDE_HOLD = 3.0
 #: Under a counted cap, a worker holds jobs ahead (state ``leased``: see
 #: Claimer._take_over) per slot it holds: about PREFETCH_HORIZON seconds of work at its
@@ -81,6 +86,7 @@ class ParallelRound:
     #: prefetch: seconds of work to lease ahead, and the most jobs (see prefetch())
     horizon = WIDE_HORIZON
     floor = WIDE_FLOOR
+    floor_groups = WIDE_FLOOR_GROUPS
 
     def __init__(self, core: Core, state: WorkerState, outcomes: Outcomes) -> None:
         self.core = core
@@ -175,7 +181,7 @@ class ParallelRound:
             return 0
         pace = s.capacity * self.horizon / max(avg_run, 1e-6)
         floor = (self.floor if self.core.claimer.single_group
-                 else max(self.floor, PREFETCH_FLOOR_GROUPS))
+                 else max(self.floor, self.floor_groups))
         ahead = min(max(PREFETCH_MAX * s.capacity, floor), int(pace))
         for limit in s.db_limits:
             ahead = min(ahead, limit.headroom // 4)
@@ -343,6 +349,7 @@ class SharedRound(ParallelRound):
     holds = False  # one writer at a time, and few leases ahead: nothing to carry more of
     horizon = PREFETCH_HORIZON
     floor = PREFETCH_FLOOR
+    floor_groups = PREFETCH_FLOOR_GROUPS  # (then SHARED_AHEAD_GROUPS: see prefetch())
 
     async def run(self, want: int, types: list[str], quick: bool) -> tuple[bool, list[Claimed]]:
         out = self.outcomes
