@@ -18,6 +18,7 @@ from sqlalchemy import (
     bindparam,
     select,
     text,
+    union_all,
     update,
 )
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -292,7 +293,10 @@ class PickThenLease:
         skip = bool(taken)
         rows: list[Any] = []
         for gs, ns in _chunks(plan):
-            stmt, bind = _many_stmt(self.db, len(gs), types, None, False, skip)
+            if all(n == 1 for n in ns):  # (over many groups, every share is one slot)
+                stmt, bind = _first_each_stmt(self.db, len(gs), types, skip)
+            else:
+                stmt, bind = _many_stmt(self.db, len(gs), types, None, False, skip)
             binds = bind(gs, ns)
             if skip:
                 binds["taken"] = [r[0] for r in taken]
@@ -346,6 +350,39 @@ def _per_group(keys: Any) -> dict[str, int]:
     for g in keys:
         got[g] = got.get(g, 0) + 1
     return got
+
+
+def _first_each_stmt(db: Database, k: int, types: list[str], skip: bool
+                     ) -> tuple[Any, Any]:
+    """The SELECT that locks and reads (claim_columns()) the best ready job of each of ``k``
+    groups, SKIP LOCKED, leaving out the ids bound as ``:taken`` where ``skip``: the groups
+    a derived table of binds, each joined by id to its pick, a correlated LIMIT 1 sub-select
+    that locks (so it passes over rows another claim holds, as a part of _many_stmt's
+    UNION ALL does). One sub-select to plan, where the UNION ALL has k: MariaDB plans each
+    part (and estimates its range) anew at every call. For PickThenLease where every
+    group's share is one job, as over many groups; built once per (k, types)."""
+    key = ("pickfirst", tuple(types), k, skip)
+    got = db.stmts.get(key)
+    if got is not None:
+        return got  # type: ignore[no-any-return]
+    J = db.t.jobs
+    X = J.alias("x")
+    names = union_all(*[select(bindparam(f"g{i}", type_=String()).label("g"))
+                        for i in range(k)]).subquery("v")
+    cond = [X.c.state == lit(S.READY), X.c.group_key == names.c.g, X.c.type.in_(types)]
+    if skip:
+        cond.append(X.c.id.not_in(bindparam("taken", expanding=True)))
+    first = db.ops.skip_locked(select(X.c.id).where(*cond)
+                               .order_by(X.c.priority.desc(), X.c.id).limit(ONE))
+    # the outer read locks too: our own lock, so it reads the row's newest version
+    stmt = db.ops.skip_locked(select(*claim_columns(db.t)).select_from(
+        names.join(J, J.c.id == first.scalar_subquery())).where(J.c.state == lit(S.READY)))
+
+    def bind(groups: list[str], _ns: list[int]) -> dict[str, Any]:
+        return {f"g{i}": g for i, g in enumerate(groups)}
+
+    db.stmts[key] = (stmt, bind)
+    return stmt, bind
 
 
 def _many_stmt(db: Database, k: int, types: list[str], lease: dict[str, Any] | None,

@@ -196,8 +196,9 @@ async def test_served_in_turn_while_jobs_run(make_queue: Callable[..., JobQueue]
 
         await enqueue(q, [("t", g, 1) for g in groups for _ in range(2)])
         await q.run_until_idle()
+        floor = q._started().round_kind.floor_groups  # (the round kind's many-group floor)
     assert Counter(starts) == dict.fromkeys(groups, 2)
-    one_claim = 5 + max(PREFETCH_MAX * 5, q._core.round_kind.floor_groups)
+    one_claim = 5 + max(PREFETCH_MAX * 5, floor)
     assert set(starts[: len(groups) + one_claim]) == set(groups)
 
 
@@ -270,6 +271,42 @@ async def test_census_reads_one_weight_entry_per_group_on_mariadb(
         assert c.done and {g: d.weight for g, d in c.demand.items()} == {
             "g0": 1, "g1": 1, "g2": 1, "g3": 1, "g4": 3}
         assert reads <= 5 * 3
+
+
+@pytest.mark.parametrize("db", ["mariadb"], indirect=True)
+async def test_one_job_each_from_many_groups_is_one_planned_pick_on_mariadb(
+    make_queue: Callable[..., JobQueue],
+) -> None:
+    """Where every group's share is one job (a claim over many groups), MariaDB's pick is
+    one sub-select joined to the groups (lease._first_each_stmt), not a UNION ALL part per
+    group that the server plans anew at every call; the sub-select locks SKIP LOCKED, so a
+    group whose best job another transaction holds gives its next one, as a part would."""
+    q = make_queue()
+    async with q:
+        await enqueue(q, [("t", f"g{i:02d}", 1) for i in range(40) for _ in range(2)])
+        J = q._t.jobs
+        statements: list[str] = []
+
+        def spy(_c: Any, _cur: Any, stmt: str, *_: Any) -> None:
+            statements.append(stmt)
+
+        async with q.engine.connect() as other:
+            await other.begin()
+            held = (await other.execute(
+                select(J.c.id).where(J.c.group_key == "g00").order_by(J.c.id).limit(1)
+                .with_for_update())).scalar_one()
+            event.listen(q.engine.sync_engine, "before_cursor_execute", spy)
+            try:
+                got = await claim_now(q, 40)
+            finally:
+                event.remove(q.engine.sync_engine, "before_cursor_execute", spy)
+            await other.rollback()
+        assert sorted(c.group for c in got) == [f"g{i:02d}" for i in range(40)]
+        g00 = next(c for c in got if c.group == "g00")
+        assert g00.id != held  # its second job: the held one was passed over
+        picks = [s for s in statements if "SKIP LOCKED" in s]
+        assert len(picks) == 1
+        assert picks[0].count("FOR UPDATE SKIP LOCKED") == 2  # the sub-select and the join
 
 
 async def test_a_claim_over_more_groups_than_one_statement_takes(
