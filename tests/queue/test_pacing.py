@@ -92,6 +92,11 @@ async def test_mysql_rounds_carry_more_than_postgresqls(
         rnd = core.round_kind(core, state, Outcomes(core, state, lambda _c: None))
         mysql = db == "mariadb"
         assert rnd.prefetch(0.01) == (rounds.WIDE_FLOOR if mysql else 40)
+        # over many groups (a census and a pick per group), more: up to the round kind's
+        # floor_groups, 384 on MySQL/MariaDB (its census reads the groups' entries) and 192
+        core.claimer.single_group = None
+        assert rnd.prefetch(0.001) == (rounds.WIDE_FLOOR_GROUPS if mysql
+                                       else rounds.PREFETCH_FLOOR_GROUPS)
         jobs = [_claimed(i) for i in range(3)]
         state = await _state(jobs, buffered=96)
         held = _pacer(0.002).hold(state, [_done(c) for c in jobs], 100.0, 8, 104, 0.01,
