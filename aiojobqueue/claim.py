@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import (
@@ -212,12 +213,39 @@ class Claimer:
         ``freed``: the jobs (by group) that a finalize earlier in this same transaction
         took out of ``running``; under a cap their slots may be handed over (_handover).
         ``hold``: with a hand-over, also lease jobs ahead into ``leased`` (see _take_over)."""
-        s, db = self.settings, self.db
         now = time.monotonic()
         self.passed_over = False
         if self._promotion_due(now, quick):
             await self.promote_due(conn)
             self.promoted_at = now
+        took = await self._handover_claim(conn, now, want, types, quick, freed, hold)
+        if took is not None:
+            return took
+        if want <= 0:
+            return []  # (only held jobs were asked for, and no hand-over applies)
+        free = await self._free_slots(conn, want)
+        if free <= 0:
+            return []
+        p = _Picks(types, now, free)
+        # With one group only (seen recently, no group caps) fair share has nothing to
+        # split: skip the per-group census for a moment (at the latest, the claim that
+        # follows at once holds it when the known group runs dry).
+        known = self._known_group(now, quick)
+        if known is None and await self._still_alone(conn, now):
+            known = self.single_group
+        if known is None and not self.settings.group_limits:
+            await self._pick_before_census(conn, p)
+        await self._census_and_picks(conn, p, known)
+        return await self._lease_picks(conn, p)
+
+    async def _handover_claim(
+        self, conn: AsyncConnection, now: float, want: int, types: list[str], quick: bool,
+        freed: Mapping[str, int] | None, hold: Hold | None,
+    ) -> list[Claimed] | None:
+        """The claim as a hand-over (see _handover: under a cap, the slots this
+        transaction's finalize freed, without the gate), where one applies and is all the
+        claim does; else None: the claim goes on under the gate."""
+        s = self.settings
         # jobs to hold: a hand-over of no slot may lease them (see below)
         holding = hold is not None and hold.room(0) > 0
         asking = want > 0 or holding
@@ -226,15 +254,20 @@ class Claimer:
                 and asking and not s.db_limits
                 and self.handover_stale(now, quick) and await self.still_one_group(conn, types)):
             hand = self._handover(now, quick, freed, holding)
-        if hand is not None:
-            took = await self._take_over(conn, hand[0], min(want, hand[1]), types, freed, hold)
-            # A hand-over that freed nothing only holds jobs. Where this worker has free
-            # slots, the cap may have room the other workers freed: counted without the
-            # gate first (a read: it can only make this claim decline), then the gate
-            if hand[1] > 0 or want <= 0 or await self.cap_is_full(conn):
-                return took
-        if want <= 0:
-            return []  # (only held jobs were asked for, and no hand-over applies)
+        if hand is None:
+            return None
+        took = await self._take_over(conn, hand[0], min(want, hand[1]), types, freed, hold)
+        # A hand-over that freed nothing only holds jobs. Where this worker has free
+        # slots, the cap may have room the other workers freed: counted without the
+        # gate first (a read: it can only make this claim decline), then the gate
+        if hand[1] > 0 or want <= 0 or await self.cap_is_full(conn):
+            return took
+        return None
+
+    async def _free_slots(self, conn: AsyncConnection, want: int) -> int:
+        """Take the gate (where a cap must be counted exactly), then how many of ``want``
+        slots the global cap and the RateLimits leave free (0 or less: none)."""
+        s, db = self.settings, self.db
         count_running = self.count_running()
         if s.needs_gate:
             await db.ops.lock_gate(conn)
@@ -245,140 +278,159 @@ class Claimer:
             free = min(free, s.concurrency - running_all)
         for limit in s.db_limits:
             free = min(free, await limit.budget(conn, db.t))
-        if free <= 0:
-            return []
+        return free
+
+    async def _pick_before_census(self, conn: AsyncConnection, p: _Picks) -> None:
+        """No group known to be alone and no group caps: where the dialect has them
+        (PostgreSQL, a ReturningLease), the fair pick or the idle pick stands in for the
+        census and the picks, in part or whole (what is left of ``p.free`` goes to the
+        census after)."""
         path = self.path
-        taken: list[Any] = []
-        tried: set[str] = set()  # the groups picked from
-        # With one group only (seen recently, no group caps) fair share has nothing to
-        # split: skip the per-group census for a moment (at the latest, the claim that
-        # follows at once holds it when the known group runs dry).
-        known = self._known_group(now, quick)
-        if known is None and await self._still_alone(conn, now):
-            known = self.single_group
-        cached = known is not None
-        firsts: list[str] | None = None
-        # the groups that ran nothing and were served before the census: the cursor moves
-        # past them once the claim is done (its split's ties all go by the rotation after
-        # the cursor it began with, as fair_share's over every group)
-        first_served: list[str] = []
+        if not isinstance(path, ReturningLease):
+            return
         few = self.few_groups
-        lone = not cached and not s.group_limits
-        if (lone and isinstance(path, ReturningLease)
-                and (few is not None or not self.idle_fits)):
+        if few is not None or not self.idle_fits:
             # Few groups (the last census or fair pick read them all), or too few after
             # the cursor for the idle pick: census, split and picks in one statement
             # (fair_pick_stmt); a short one leaves the rest to the census below
-            before = len(taken)
-            fair = await path.pick_fair(conn, free, types, self.cursor,
-                                        max(few or 0, 2 * free, FAIR_SCAN) + FAIR_SLACK, taken)
+            before = len(p.taken)
+            fair = await path.pick_fair(conn, p.free, p.types, self.cursor,
+                                        max(few or 0, 2 * p.free, FAIR_SCAN) + FAIR_SLACK,
+                                        p.taken)
             if fair is not None:
-                got = len(taken) - before
-                free -= got
-                firsts = [r[4] for r in taken[before:]]
-                tried.update(firsts)
-                first_served = fair.idle
+                got = len(p.taken) - before
+                p.free -= got
+                p.firsts = [r[4] for r in p.taken[before:]]
+                p.tried.update(p.firsts)
+                p.first_served = fair.idle
                 if fair.seen is not None:
                     self.few_groups = fair.seen if fair.complete else None
                     if fair.complete:
-                        self.groups_at, self.census_due = now, False
-                        self.single_group = firsts[0] if fair.seen == 1 else None
+                        self.groups_at, self.census_due = p.now, False
+                        self.single_group = p.firsts[0] if fair.seen == 1 else None
                     else:  # many groups: the idle pick reads only as far as it needs
                         self.idle_fits = True
-        elif (lone and isinstance(path, ReturningLease) and free > 1 and few is None
-                and self.idle_fits):
+        elif p.free > 1:
             # Many groups (the last census did not read them all): first the groups that
             # run nothing, one job each, without a census (see idle_pick_stmt)
-            firsts = await path.pick_idle(conn, free, types, self.cursor, taken)
-            if firsts:
-                free -= len(firsts)
-                first_served = firsts
+            p.firsts = await path.pick_idle(conn, p.free, p.types, self.cursor, p.taken)
+            if p.firsts:
+                p.free -= len(p.firsts)
+                p.first_served = p.firsts
             # short: too many groups run something for the scan's window (or the names
             # ran out); the census says when it fits again
-            self.idle_fits = firsts is not None and free == 0
-        if free <= 0 and first_served:
-            self.cursor = max(first_served, key=rotation_key(self.cursor))
-        for _census in range(2 if free > 0 else 0):
+            self.idle_fits = p.firsts is not None and p.free == 0
+        if p.free <= 0 and p.first_served:
+            self.cursor = max(p.first_served, key=rotation_key(self.cursor))
+
+    async def _census_and_picks(self, conn: AsyncConnection, p: _Picks,
+                                known: str | None) -> None:
+        """Fill what is left of ``p.free``: fair share over the known group (no census) or
+        over the census's groups, the split picked group by group. Where the known group
+        ran dry, once more with a census."""
+        cached = known is not None
+        for _census in range(2 if p.free > 0 else 0):
             census: Census | None = None
             if known is not None and cached:
-                demand = {known: GroupDemand(1)}
+                demand, idle = {known: GroupDemand(1)}, {known}
             else:
-                census = Census(self, types)
-                await census.fill(conn, free)
-                if known is not None:
-                    # the known group's pick just came back empty in this transaction: not
-                    # picked again (ran_dry is what a second empty pick would lead to; on
-                    # InnoDB each pick also locks the ready rows of other types it reads
-                    # until the commit, which a claim of theirs beside this one skips)
-                    census.ran_dry(known)
-                    await census.fill(conn, free)
-                demand = census.demand
-                # idle_pick_stmt scans 2 x free + 8 groups after the cursor (it does not
-                # wrap round): at most `busy` of them run jobs
-                self.idle_fits = census.busy <= free and not census.ran_out
-                self.groups_at, self.census_due = now, False
-                # the groups with work: what the census found, and what was just leased
-                # without it
-                had = set(demand) | set(firsts or ())
-                if len(had) == 1 and census.done:
-                    self.single_group = next(iter(had))
-                elif had:
-                    self.single_group = None
-                # else nothing is runnable now: the group known to be the only one stays
-                # cached, so the next claim (say, after this worker's finalize released its
-                # dependents) picks at once; if that group is dry then, the census runs
-                # again as above
-            idle = census.idle if census is not None else {known}
-            served: list[str] = first_served if _census == 0 else []
-            # Work-conserving: a group with fewer runnable jobs than its share hands the
-            # rest on (to groups read further on where needed).
-            while free > 0 and demand:
-                plan = fair_share(free, demand, rotate=True, after=self.cursor)
-                exhausted = []
-                asks = {g: n for g, n in sorted(plan.items()) if n > 0}
-                if not asks:  # every group capped out
-                    break
-                tried.update(asks)
-                if len(asks) == 1:
-                    (g1, n1), = asks.items()
-                    gots = {g1: await path.pick(conn, g1, n1, types, taken)}
-                else:  # many groups: one statement, not one round trip per group
-                    gots = await path.pick_many(conn, asks, types, taken)
-                for g, n in asks.items():
-                    got = gots.get(g, 0)
-                    free -= got
-                    d = demand[g]
-                    if got and g in idle:
-                        served.append(g)
-                    if got < n:
-                        exhausted.append(g)
-                    else:
-                        demand[g] = GroupDemand(d.weight, d.running + got,
-                                                None if d.cap is None else d.cap - got)
-                if not exhausted:
-                    break
-                for g in exhausted:
-                    if census is None:
-                        demand.pop(g)
-                    else:
-                        census.ran_dry(g)
-                if census is not None and free > 0:
-                    await census.fill(conn, free)  # (into demand: the same dict)
+                census = await self._take_census(conn, p, known)
+                demand, idle = census.demand, census.idle
+            served: list[str] = p.first_served if _census == 0 else []
+            await self._split_and_pick(conn, p, demand, census, idle, served)
             if served:
                 self.cursor = max(served, key=rotation_key(self.cursor))
-            if not cached or free <= 0:
+            if not cached or p.free <= 0:
                 break
-            if taken:
+            if p.taken:
                 # The known group ran short, not dry: hand these jobs over now (a DAG step
                 # waits on them); the worker claims again at once, and that claim looks for
                 # other groups if the known one is dry by then.
                 self.census_due = True
                 break
             cached = False  # the one known group ran dry: look for others now
-        out = await path.leased(conn, taken)
+
+    async def _take_census(self, conn: AsyncConnection, p: _Picks,
+                           known: str | None) -> Census:
+        """The census of groups with runnable jobs, as far as ``p.free`` needs (``known``:
+        the group whose pick just came back empty); what it found is remembered."""
+        census = Census(self, p.types)
+        await census.fill(conn, p.free)
+        if known is not None:
+            # the known group's pick just came back empty in this transaction: not
+            # picked again (ran_dry is what a second empty pick would lead to; on
+            # InnoDB each pick also locks the ready rows of other types it reads
+            # until the commit, which a claim of theirs beside this one skips)
+            census.ran_dry(known)
+            await census.fill(conn, p.free)
+        demand = census.demand
+        # idle_pick_stmt scans 2 x free + 8 groups after the cursor (it does not
+        # wrap round): at most `busy` of them run jobs
+        self.idle_fits = census.busy <= p.free and not census.ran_out
+        self.groups_at, self.census_due = p.now, False
+        # the groups with work: what the census found, and what was just leased
+        # without it
+        had = set(demand) | set(p.firsts or ())
+        if len(had) == 1 and census.done:
+            self.single_group = next(iter(had))
+        elif had:
+            self.single_group = None
+        # else nothing is runnable now: the group known to be the only one stays
+        # cached, so the next claim (say, after this worker's finalize released its
+        # dependents) picks at once; if that group is dry then, the census runs
+        # again as above
+        return census
+
+    async def _split_and_pick(self, conn: AsyncConnection, p: _Picks,
+                              demand: dict[str, GroupDemand], census: Census | None,
+                              idle: set[str], served: list[str]) -> None:
+        """Split ``p.free`` by fair share over ``demand`` and pick each group's share; the
+        groups in ``idle`` (they ran nothing) that got a job join ``served``."""
+        path = self.path
+        # Work-conserving: a group with fewer runnable jobs than its share hands the
+        # rest on (to groups read further on where needed).
+        while p.free > 0 and demand:
+            plan = fair_share(p.free, demand, rotate=True, after=self.cursor)
+            exhausted = []
+            asks = {g: n for g, n in sorted(plan.items()) if n > 0}
+            if not asks:  # every group capped out
+                break
+            p.tried.update(asks)
+            if len(asks) == 1:
+                (g1, n1), = asks.items()
+                gots = {g1: await path.pick(conn, g1, n1, p.types, p.taken)}
+            else:  # many groups: one statement, not one round trip per group
+                gots = await path.pick_many(conn, asks, p.types, p.taken)
+            for g, n in asks.items():
+                got = gots.get(g, 0)
+                p.free -= got
+                d = demand[g]
+                if got and g in idle:
+                    served.append(g)
+                if got < n:
+                    exhausted.append(g)
+                else:
+                    demand[g] = GroupDemand(d.weight, d.running + got,
+                                            None if d.cap is None else d.cap - got)
+            if not exhausted:
+                break
+            for g in exhausted:
+                if census is None:
+                    demand.pop(g)
+                else:
+                    census.ran_dry(g)
+            if census is not None and p.free > 0:
+                await census.fill(conn, p.free)  # (into demand: the same dict)
+
+    async def _lease_picks(self, conn: AsyncConnection, p: _Picks) -> list[Claimed]:
+        """Lease what the picks took (where the pick did not already), and spend the
+        RateLimits' budgets on it. Where nothing was leased, note whether a ready job of
+        a group tried was passed over (held by another claim's pick: passed_over)."""
+        s, db = self.settings, self.db
+        out = await self.path.leased(conn, p.taken)
         if not out:
-            if tried and db.ops.skip_locked_passes_unmatched:
-                self.passed_over = await ready_among(db, conn, sorted(tried), types)
+            if p.tried and db.ops.skip_locked_passes_unmatched:
+                self.passed_over = await ready_among(db, conn, sorted(p.tried), p.types)
             return []
         for limit in s.db_limits:
             await limit.consume(conn, db.t, len(out))
@@ -444,3 +496,21 @@ class Claimer:
             if k > 0:
                 hold.got += claimed_rows(await self.hold_path.take(conn, g, k, types))
         return claimed_rows(out)
+
+
+@dataclass
+class _Picks:
+    """One claim's picks so far, shared by the steps of Claimer.claim."""
+
+    types: list[str]
+    now: float  # monotonic time the claim began
+    free: int  # slots still to fill
+    #: the rows picked (leased by the pick, or by _lease_picks at the end)
+    taken: list[Any] = field(default_factory=list)
+    tried: set[str] = field(default_factory=set)  # the groups picked from
+    #: the groups leased from before the census (the fair pick or the idle pick)
+    firsts: list[str] | None = None
+    #: the groups that ran nothing and were served before the census: the cursor moves
+    #: past them once the claim is done (its split's ties all go by the rotation after
+    #: the cursor it began with, as fair_share's over every group)
+    first_served: list[str] = field(default_factory=list)

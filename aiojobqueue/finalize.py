@@ -2,7 +2,8 @@
 attempt's lease (state running, or leased for a job held ahead, same attempt number, same
 lease owner); otherwise it changes nothing. Every statement here runs in the caller's
 transaction (or is atomic by itself, for the autocommit paths), and hands what became
-terminal to ``settle.Settler``.
+terminal to ``settle.Settler``. A held job started in an ended attempt's slot is made
+``running`` first, in the same transaction (held.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import bindparam, case, false, null, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from . import history
+from . import held, history
 from . import schema as S
 from .database import Database
 from .policy import backoff
@@ -56,11 +57,6 @@ class Outcome:
     #: attempt's slot when it ended: the transaction that writes this outcome makes that
     #: row ``running`` first (Finalizer.swap_in), so the slot stays counted throughout.
     swap: tuple[int, int] | None = None
-
-
-def swaps(batch: Iterable[Outcome]) -> list[tuple[int, int]]:
-    """The held jobs started in the slots of ``batch``'s attempts (Outcome.swap)."""
-    return [o.swap for o in batch if o.swap is not None]
 
 
 def plain_stmt(db: Database, alone: bool, ids: IdsMatch | None = None, attempt: Any = None,
@@ -118,35 +114,10 @@ class Finalizer:
 
     async def swap_in(self, conn: AsyncConnection, started: Sequence[tuple[int, int]],
                       ending: Sequence[Outcome] = ()) -> None:
-        """Make the held jobs ``started`` (id, attempt: leased to this worker, then started
-        in the slots of attempts that ended) ``running``, in the transaction that writes
-        those attempts' outcomes and before them: the caps' count of this worker's rows
-        never drops below what it really runs. Fenced like a finalize; a row whose lease
-        was lost changes nothing (its heartbeat stops the attempt)."""
-        if not started:
-            return
-        J, s = self.J, self.settings
-        # Lock the held rows and the batch's (``ending``) in id order first: this
-        # transaction then takes its row locks in one order, as the heartbeat's one
-        # UPDATE of this worker's rows does (else the two can deadlock)
-        ids = sorted({i for i, _ in started} | {o.job_id for o in ending})
-        lock = self.db.stmt("finish.swap_lock", lambda: self.db.ops.for_update(
-            select(J.c.id).where(self.db.ops.in_ids_param(J.c.id, "ids")).order_by(J.c.id)))
-        for i in range(0, len(ids), CHUNK):
-            await conn.execute(lock, {"ids": ids[i : i + CHUNK]})
-        stmt = self.db.stmt("finish.swap_in", lambda: update(J).where(
-            self.db.ops.in_ids_param(J.c.id, "ids"), J.c.state == lit(S.LEASED),
-            J.c.attempts == bindparam("a"), J.c.lease_owner == bindparam("o"),
-        ).values(state=S.RUNNING, started_at=db_now(),
-                 lease_expires=utcnow_plus(s.lease_ttl)))
-        by: dict[int, list[int]] = defaultdict(list)
-        for jid, attempt in started:
-            by[attempt].append(jid)
-        for attempt, ids in sorted(by.items()):
-            ids.sort()
-            for i in range(0, len(ids), CHUNK):
-                await conn.execute(stmt, {"ids": ids[i : i + CHUNK], "a": attempt,
-                                          "o": s.worker_id})
+        """Make the held jobs ``started`` (id, attempt) ``running``, in the transaction
+        that writes the outcomes of the attempts whose slots they took (``ending``) and
+        before them (held.swap_in)."""
+        await held.swap_in(self.db, self.settings, conn, started, ending)
 
     async def finish(self, conn: AsyncConnection, outcomes: Sequence[Outcome]) -> list[Outcome]:
         """Apply ``outcomes``, each only if its worker still holds that attempt's lease.

@@ -10,7 +10,8 @@ from functools import partial
 from typing import Any
 
 from ..claimed import Claimed, LeaseAsk
-from ..finalize import Outcome, swaps
+from ..finalize import Outcome
+from ..held import swaps
 from .rounds import PREFETCH_FLOOR, PREFETCH_FLOOR_GROUPS, PREFETCH_HORIZON, ParallelRound
 
 

@@ -33,7 +33,8 @@ from typing import Any
 
 from ..claimed import Claimed, Hold, LeaseAsk
 from ..core import Core
-from ..finalize import Outcome, Recount, swaps
+from ..finalize import Outcome, Recount
+from ..held import swaps
 from ..logs import brief
 from .outcomes import Outcomes
 from .report import log
