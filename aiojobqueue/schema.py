@@ -37,7 +37,7 @@ from .dialects.columns import Id as _Id
 from .dialects.columns import Json as _Json
 from .dialects.columns import UTCDateTime, drop_routines_with
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 #: What a container not yet active adds to its children's ``pending`` (v3; was 1): larger
 #: than any count of dependencies, so activation tells the credited children apart.
 CREDIT = 1 << 30
@@ -69,6 +69,7 @@ class Tables:
     workers: Table
     rate: Table
     releases: Table
+    policy: Table
 
 
 def _partial(state: str) -> dict[str, Any]:
@@ -294,8 +295,20 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("ids", _Json, nullable=False),  # a part of its dependents still to release
         Column("created_at", UTCDateTime, nullable=False),
     )
+    # v10: the policy (caps, weights, rates, pauses) as rows; see stored_policy.py
+    policy = Table(
+        f"{p}policy",
+        md,
+        Column("scope", String(10), primary_key=True),  # queue | group | type
+        Column("name", String(200), primary_key=True),  # "" for the queue; "*": default
+        Column("weight", Integer),
+        Column("cap", Integer),
+        Column("rate_n", Integer),
+        Column("rate_per", Float),
+        Column("paused", Boolean, nullable=False, server_default=false()),
+    )
     drop_routines_with(jobs)
-    return Tables(md, jobs, deps, meta, groups, workers, rate, releases)
+    return Tables(md, jobs, deps, meta, groups, workers, rate, releases, policy)
 
 
 _default = build_tables()
