@@ -263,7 +263,7 @@ async def _held(
                 "global_cap",
                 f"The global cap is full: {n} of {fleet.concurrency} jobs are running.",
                 {"cap": fleet.concurrency, "running": n}))
-    cap = fleet.group_limits.get(row.group_key)
+    cap = fleet.cap(row.group_key)
     if cap is not None:
         n = await _count(conn, select(func.count()).select_from(J)
                          .where(running, J.c.group_key == row.group_key))
