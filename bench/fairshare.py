@@ -136,11 +136,15 @@ async def drain(db: str, tmp: str, n: int, groups: int, capacity: int = 10,
         return None
 
     try:
+        if default_cap is not None or group_rate is not None:
+            # stored before the worker starts (as a deployment's policy is): a change
+            # while it serves turns the hand-over off for a moment (docs/scheduling.md)
+            async with JobQueue(url, prefix=prefix) as admin:
+                if default_cap is not None:
+                    await admin.set_group("*", cap=default_cap)
+                if group_rate is not None:
+                    await admin.set_group("*", rate=RateLimit(group_rate, per=1.0))
         async with q:
-            if default_cap is not None:
-                await q.set_group("*", cap=default_cap)
-            if group_rate is not None:
-                await q.set_group("*", rate=RateLimit(group_rate, per=1.0))
             if stale:
                 await stale_groups(q, stale, vacuum)
             await enqueue(q, n, groups)
