@@ -355,24 +355,31 @@ class JobQueue:
                          rate: RateLimit | Unset | None = UNSET) -> None:
         """Set the fleet-wide cap and/or the queue's rate; None clears one, an argument
         not given is left as it is. Every worker sees it within ``poll_interval``."""
-        await stored_policy.set_policy(self._started().db, concurrency=concurrency, rate=rate)
+        core = self._started()
+        await stored_policy.set_policy(core.db, concurrency=concurrency, rate=rate)
+        _policy_changed(core)
 
     async def set_group(self, name: str, *, weight: int | Unset | None = UNSET,
                         cap: int | Unset | None = UNSET,
                         rate: RateLimit | Unset | None = UNSET) -> None:
         """Set group ``name``'s weight, cap and/or rate (None clears one). ``"*"`` is the
         row every group without one of its own takes its cap and rate from."""
-        await stored_policy.set_group(self._started().db, name, weight=weight, cap=cap,
-                                      rate=rate)
+        core = self._started()
+        await stored_policy.set_group(core.db, name, weight=weight, cap=cap, rate=rate)
+        _policy_changed(core)
 
     async def pause(self, *, group: str | None = None, type: str | None = None) -> None:
         """Start no job of ``group``, of ``type``, or (neither) of the whole queue until
         ``resume``; running jobs finish."""
-        await stored_policy.pause(self._started().db, group=group, type=type)
+        core = self._started()
+        await stored_policy.pause(core.db, group=group, type=type)
+        _policy_changed(core)
 
     async def resume(self, *, group: str | None = None, type: str | None = None) -> None:
         """Undo ``pause`` with the same arguments."""
-        await stored_policy.resume(self._started().db, group=group, type=type)
+        core = self._started()
+        await stored_policy.resume(core.db, group=group, type=type)
+        _policy_changed(core)
 
     # -- serving --------------------------------------------------------------------------
     async def serve(self) -> None:
@@ -393,6 +400,13 @@ class JobQueue:
             await self._worker.serve(until_idle=True)
         finally:
             self._worker = None
+
+
+def _policy_changed(core: Core) -> None:
+    """This process's worker reads the policy again before its next claim (others: at
+    their next look, or at once on the NOTIFY the change sent)."""
+    core.claimer.live.stale = True
+    core.signals.wake()
 
 
 def _check_id(job_id: Any) -> None:
