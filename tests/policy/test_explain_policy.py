@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from conftest import eventually
 from finalizekit import serving
 
 from aiojobqueue import JobContext, JobQueue, RateLimit
@@ -55,8 +56,10 @@ async def test_caps_and_rates_come_from_the_stored_policy(
     look = make_queue()  # no caps of its own
     async with q, look, serving(q):
         first = await q.enqueue("t", group="g")
-        while (await q.get(first)).state != "running":
-            await asyncio.sleep(0.05)
+        async def started() -> bool:
+            return (await q.get(first)).state == "running"
+
+        await eventually(started, timeout=15)
         second = await q.enqueue("t", group="g")
         assert "global_cap" not in (await look.explain(second)).codes
         await look.set_policy(concurrency=1)
@@ -73,7 +76,7 @@ async def test_caps_and_rates_come_from_the_stored_policy(
         assert "group_cap" not in (await look.explain(second)).codes
         await look.set_group("g", cap=1)
         e = await look.explain(second)
-        assert [r.detail for r in e.reasons if r.code == "group_cap"][0].startswith(
+        assert next(r.detail for r in e.reasons if r.code == "group_cap").startswith(
             "Group 'g' is at its cap")
         # a stored rate the first claim used up: the queue's, then the group's
         await look.set_group("g", cap=None)
