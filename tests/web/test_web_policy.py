@@ -14,6 +14,7 @@ from webkit import SAME, client
 
 from aiojobqueue import JobQueue, RateLimit
 from aiojobqueue.policy_text import policy_data
+from aiojobqueue.web.data import Data
 
 EDITS = [
     ("/policy", {"concurrency": "5"}),
@@ -174,4 +175,19 @@ async def test_read_access_hides_and_refuses_the_edits(
         assert (await c.get("/api/policy")).status_code == 403
     p = await q.policy()
     assert p.concurrency == 3 and not p.groups and not p.paused
+    await q.close()
+
+
+async def test_a_policy_change_moves_the_live_marker(
+        make_queue: Callable[..., JobQueue]) -> None:
+    """Open pages re-render when the policy changes (the marker the live watcher reads)."""
+    q = await started(make_queue)
+    data = Data(q)
+    first = await data.marker()
+    assert await data.marker() == first
+    await q.set_group("tenant-a", cap=1)
+    second = await data.marker()
+    assert second != first
+    await q.pause(type="x")
+    assert await data.marker() != second
     await q.close()
