@@ -63,7 +63,10 @@ class LivePolicy:
         self.read_at = float("-inf")  # monotonic time of the last look at the token
         self.generation = 0  # bumped by every change applied after the first read
         self.changed_at = float("-inf")  # monotonic time the last change was applied
-        self._rates: dict[tuple[str, int, float], RateLimit] = {}
+        # a declared RateLimit counts the stored rate it declared (its ``headroom`` then
+        # tells the caller what the claims found)
+        self._rates: dict[tuple[str, int, float], RateLimit] = {
+            (r.name, r.n, r.per): r for r in settings.db_limits}
         self.apply(Policy())
 
     # -- what the claim reads ----------------------------------------------------------------

@@ -35,6 +35,7 @@ from .state import Running, WorkerState
 #: seconds until the next look after a claim was passed over (the 1st, 2nd, 3rd time in a
 #: row: the other claim ends in milliseconds unless the database is loaded); then the poll
 RELOOK = (0.003, 0.01, 0.03, 0.2, 2.0)
+policy_log = logging.getLogger("aiojobqueue.policy")
 
 
 class Worker:
@@ -310,13 +311,15 @@ class Worker:
         an outage keeps the policy last read (logged), and the tick goes on."""
         core = self.core
         try:
-            if await core.claimer.live.refresh(core.db):
-                jlog.info("policy changed: now %r", core.claimer.live.policy,
-                          extra={"worker": core.settings.worker_id})
+            live = core.claimer.live
+            if await live.refresh(core.db):
+                policy_log.info("policy changed (generation %d): %r", live.generation,
+                                live.policy, extra={"worker": core.settings.worker_id,
+                                                    "policy": live.policy})
         except Exception as exc:
             if not core.db.is_outage(exc):
                 raise
-            jlog.warning("policy: could not read it (%s); keeping the last one", brief(exc),
+            policy_log.warning("policy: could not read it (%s); keeping the last one", brief(exc),
                          extra={"worker": core.settings.worker_id})
 
     async def _idle(self, types: list[str]) -> bool:
