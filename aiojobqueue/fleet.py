@@ -1,7 +1,8 @@
 """The fleet as the database knows it: what each live worker registers with its heartbeat
 (its job types, capacity and the caps it enforces: ``registration``), the caps that hold
 all of them together (``fleet_caps``, read by ``explain``), and what ``status`` flags from
-it: runnable types that no live worker serves, and groups held at their cap. A worker is
+it: runnable types that no live worker serves, and groups held at their cap (the stored
+policy's caps, ``stored_caps``). A worker is
 live while its last heartbeat is younger than the reading queue's ``lease_ttl``."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from . import schema as S
 from .limits import RateLimit
 from .settings import Settings
 from .sql import lit
+from .stored_policy import read_policy_on
 from .timeutil import db_now, utcnow_plus
 
 if TYPE_CHECKING:
@@ -101,15 +103,15 @@ async def unserved_types(queue: JobQueue) -> dict[str, int]:
 
 
 async def groups_at_cap(queue: JobQueue) -> list[GroupAtCap]:
-    """Groups with ready jobs whose cap (this queue's or a live worker's) is reached."""
+    """Groups with ready jobs whose cap (the stored policy's: the group's own, else the
+    ``"*"`` row's) is reached."""
     core = queue._started()
-    s, db = core.settings, core.db
+    db = core.db
     J = db.t.jobs
 
     async def read(conn: AsyncConnection) -> list[GroupAtCap]:
-        fleet = await fleet_caps(s, db, conn)
         out = []
-        for g, cap in sorted(fleet.group_limits.items()):
+        for g, cap in sorted((await stored_caps(db, conn)).items()):
             running = await _count(conn, select(func.count()).select_from(J).where(
                 J.c.state == lit(S.RUNNING), J.c.group_key == g))
             if running < cap:
@@ -121,6 +123,21 @@ async def groups_at_cap(queue: JobQueue) -> list[GroupAtCap]:
         return out
 
     return await db.read(read)
+
+
+async def stored_caps(db: Database, conn: AsyncConnection) -> dict[str, int]:
+    """The stored caps ``status`` checks: every group's own cap, and where the ``"*"`` row
+    has one, the groups without their own that run at least that many (one GROUP BY of
+    the running jobs)."""
+    p = await read_policy_on(db, conn)
+    caps = {g: gp.cap for g, gp in p.groups.items() if gp.cap is not None}
+    if p.default.cap is not None:  # a group at the default cap runs that many: count those
+        J = db.t.jobs
+        for (g,) in await conn.execute(
+                select(J.c.group_key).where(J.c.state == lit(S.RUNNING))
+                .group_by(J.c.group_key).having(func.count() >= p.default.cap)):
+            caps.setdefault(g, p.default.cap)
+    return caps
 
 
 async def notes(queue: JobQueue) -> list[str]:

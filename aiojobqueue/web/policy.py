@@ -12,7 +12,7 @@ out leaves its value as it is; a field sent empty (or ``none``) clears it. Bad i
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException
@@ -23,12 +23,19 @@ from starlette.routing import Route
 from ..errors import ConfigurationError
 from ..policy_text import parse_count, parse_rate, policy_data
 
-if TYPE_CHECKING:
-    from .app import Dashboard
+
+class Board(Protocol):
+    """What the routes need of ``app.Dashboard`` (no import of it: no cycle)."""
+
+    q: Any
+
+    async def level(self, request: Request) -> str: ...
+
+    async def may_act(self, request: Request) -> None: ...
 
 
-def routes(board: Dashboard) -> list[Route]:
-    """The policy routes of ``board``."""
+def routes(board: Board) -> list[Route]:
+    """The policy routes of ``board`` (the ``Dashboard``)."""
 
     def edit(change: Callable[[Any, FormData], Awaitable[None]]) -> Any:
         async def endpoint(request: Request) -> Response:

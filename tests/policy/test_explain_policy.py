@@ -12,6 +12,7 @@ from finalizekit import serving
 
 from aiojobqueue import JobContext, JobQueue, RateLimit
 from aiojobqueue.explain import CODES
+from aiojobqueue.fleet import GroupAtCap, groups_at_cap
 
 
 def paused(e: object) -> list[dict[str, str]]:
@@ -72,6 +73,8 @@ async def test_caps_and_rates_come_from_the_stored_policy(
         got = [r for r in e.reasons if r.code == "group_cap"]
         assert got and got[0].data == {"group": "g", "cap": 1, "running": 1}
         assert 'the cap of the "*" row' in got[0].detail
+        # status flags it too, from the stored "*" row (no process has the setting)
+        assert await groups_at_cap(look) == [GroupAtCap("g", 1, 1, 1)]
         await look.set_group("g", cap=3)  # its own row wins over "*"
         assert "group_cap" not in (await look.explain(second)).codes
         await look.set_group("g", cap=1)
