@@ -1,9 +1,10 @@
 """The stored policy on the command line: ``policy`` (show), ``policy set``, ``group set``,
 ``pause`` and ``resume`` (SPEC revision 3; ``aiojobqueue.stored_policy`` does the work).
 
-Every value is checked before the database is opened: bad input is one ``error:`` line,
-exit 2, and nothing changed. A change prints what it changed, old and new, read in the
-transaction that wrote it.
+Bad input is one ``error:`` line, exit 2, and nothing changed: values are parsed before the
+database is opened, and what only ``stored_policy`` checks (a name's length, ``"*"`` as a
+paused group) raises its ``ConfigurationError`` before it writes. A change prints what it
+changed, old and new, read in the transaction that wrote it.
 """
 
 from __future__ import annotations
@@ -194,7 +195,6 @@ def group_set(
     if weight is None and cap is None and rate is None:
         fail("nothing to set: give --weight, --cap and/or --rate (none clears one)",
              Exit.USAGE)
-    _parsed(SP._check_name, "group", name)
     kw: dict[str, Any] = {}
     if weight is not None:
         kw["weight"] = _parsed(_count, weight, "--weight", 1)
@@ -215,7 +215,6 @@ TypeOpt = Annotated[str | None, typer.Option("--type", metavar="T", help="Only t
 def _target(group: str | None, type_: str | None) -> dict[str, str | None]:
     if group is not None and type_ is not None:
         fail("give --group or --type, not both (neither: the whole queue)", Exit.USAGE)
-    _parsed(SP._target, group, type_)
     return {"group": group, "type": type_}
 
 
