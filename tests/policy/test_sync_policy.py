@@ -3,11 +3,13 @@ written from code that is not async, and the same typed errors with nothing chan
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Callable, Iterator
 
 import pytest
+from finalizekit import serving
 
-from aiojobqueue import ConfigurationError, JobQueue, RateLimit, SyncQueue
+from aiojobqueue import ConfigurationError, JobContext, JobQueue, RateLimit, SyncQueue
 from aiojobqueue.stored_policy import Policy
 
 
@@ -65,3 +67,27 @@ async def test_bad_input_is_a_typed_error_that_changes_nothing(
         call(sq)  # type: ignore[operator]
     assert isinstance(info.value, ValueError) and str(info.value)
     assert await queue.policy() == before
+
+
+async def test_a_pause_from_sync_code_holds_a_running_worker(
+        sq: SyncQueue, make_queue: Callable[..., JobQueue]) -> None:
+    """End to end: a SyncQueue pauses a group while a worker serves; the worker starts the
+    other group's jobs, not the paused one's (explain says why), until SyncQueue resumes."""
+    q = make_queue()
+
+    @q.handler("t")
+    async def run(ctx: JobContext) -> None:
+        return None
+
+    async with q, serving(q):
+        sq.pause(group="held")
+        # the promise under test: a worker sees a change within poll_interval (0.05 s here)
+        await asyncio.sleep(4 * 0.05)
+        held = await q.enqueue("t", group="held")
+        free = await q.enqueue("t", group="free")
+        await q.wait(free, timeout=15)
+        assert (await q.get(held)).state == "ready"
+        assert {"scope": "group", "name": "held"} in [
+            r.data for r in sq.explain(held).reasons if r.code == "paused"]
+        sq.resume(group="held")
+        await q.wait(held, timeout=15)
