@@ -1,8 +1,7 @@
 """The fleet as the database knows it: what each live worker registers with its heartbeat
 (its job types, capacity and the caps it enforces: ``registration``), the caps that hold
 all of them together (``fleet_caps``, read by ``explain``), and what ``status`` flags from
-it: runnable types that no live worker serves, and groups held at their cap (the stored
-policy's caps, ``stored_caps``). A worker is
+it: runnable types that no live worker serves, and groups held at their cap. A worker is
 live while its last heartbeat is younger than the reading queue's ``lease_ttl``."""
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as S
 from .limits import RateLimit
+from .live_policy import QUEUE_RATE_NAME
 from .settings import Settings
 from .sql import lit
 from .stored_policy import read_policy_on
@@ -59,6 +59,12 @@ class FleetCaps:
     concurrency: int | None
     group_limits: dict[str, int]
     rate_limits: list[RateLimit]
+    #: the stored ``"*"`` row's cap: every group not in ``group_limits`` (None: no cap)
+    default_cap: int | None = None
+
+    def cap(self, group: str) -> int | None:
+        """The cap that holds ``group``: its own, else the ``"*"`` row's."""
+        return self.group_limits.get(group, self.default_cap)
 
     def serving(self, job_type: str) -> list[Any]:
         """Live workers that serve ``job_type`` (one registered before v6 might)."""
@@ -70,19 +76,21 @@ async def fleet_caps(s: Settings, db: Database, conn: AsyncConnection) -> FleetC
     rows = (await conn.execute(
         select(W.c.id, W.c.types, W.c.capacity, W.c.running, W.c.config)
         .where(W.c.last_seen >= utcnow_plus(-s.lease_ttl)).order_by(W.c.id))).all()
-    caps = [s.concurrency] if s.concurrency is not None else []
-    groups: dict[str, int] = dict(s.group_limits)
-    rates = {r.name: r for r in s.db_limits}
+    # The caps in force are the stored policy's (every worker enforces it, whatever it
+    # declared); RateLimits of other names stay per process, as each worker registered them
+    p = await read_policy_on(db, conn)
+    # (a paused group is explain's ``paused``, not a cap)
+    groups = {g: gp.cap for g, gp in p.groups.items() if gp.cap is not None}
+    rates = {QUEUE_RATE_NAME: p.rate} if p.rate is not None else {}
+    for r in s.db_limits:
+        if r.name != QUEUE_RATE_NAME:
+            rates.setdefault(r.name, r)
     for w in rows:
         cfg = w.config if isinstance(w.config, dict) else {}
-        if isinstance(cfg.get("concurrency"), int):
-            caps.append(cfg["concurrency"])
-        for g, n in (cfg.get("group_limits") or {}).items():
-            groups[g] = min(groups.get(g, n), n)
         for r in cfg.get("rate_limits") or ():
-            if r.get("name") not in rates:
+            if r.get("name") not in rates and r.get("name") != QUEUE_RATE_NAME:
                 rates[r["name"]] = RateLimit(int(r["n"]), float(r["per"]), name=r["name"])
-    return FleetCaps(list(rows), min(caps) if caps else None, groups, list(rates.values()))
+    return FleetCaps(list(rows), p.concurrency, groups, list(rates.values()), p.default.cap)
 
 
 async def unserved_types(queue: JobQueue) -> dict[str, int]:
@@ -103,15 +111,21 @@ async def unserved_types(queue: JobQueue) -> dict[str, int]:
 
 
 async def groups_at_cap(queue: JobQueue) -> list[GroupAtCap]:
-    """Groups with ready jobs whose cap (the stored policy's: the group's own, else the
-    ``"*"`` row's) is reached."""
+    """Groups with ready jobs whose cap (this queue's or a live worker's) is reached."""
     core = queue._started()
-    db = core.db
+    s, db = core.settings, core.db
     J = db.t.jobs
 
     async def read(conn: AsyncConnection) -> list[GroupAtCap]:
+        fleet = await fleet_caps(s, db, conn)
         out = []
-        for g, cap in sorted((await stored_caps(db, conn)).items()):
+        caps = dict(fleet.group_limits)
+        if fleet.default_cap is not None:  # every group with ready jobs has that cap
+            ready_groups = await conn.execute(select(J.c.group_key).where(
+                J.c.state == lit(S.READY)).distinct())
+            for (g,) in ready_groups:
+                caps.setdefault(g, fleet.default_cap)
+        for g, cap in sorted(caps.items()):
             running = await _count(conn, select(func.count()).select_from(J).where(
                 J.c.state == lit(S.RUNNING), J.c.group_key == g))
             if running < cap:
@@ -123,21 +137,6 @@ async def groups_at_cap(queue: JobQueue) -> list[GroupAtCap]:
         return out
 
     return await db.read(read)
-
-
-async def stored_caps(db: Database, conn: AsyncConnection) -> dict[str, int]:
-    """The stored caps ``status`` checks: every group's own cap, and where the ``"*"`` row
-    has one, the groups without their own that run at least that many (one GROUP BY of
-    the running jobs)."""
-    p = await read_policy_on(db, conn)
-    caps = {g: gp.cap for g, gp in p.groups.items() if gp.cap is not None}
-    if p.default.cap is not None:  # a group at the default cap runs that many: count those
-        J = db.t.jobs
-        for (g,) in await conn.execute(
-                select(J.c.group_key).where(J.c.state == lit(S.RUNNING))
-                .group_by(J.c.group_key).having(func.count() >= p.default.cap)):
-            caps.setdefault(g, p.default.cap)
-    return caps
 
 
 async def notes(queue: JobQueue) -> list[str]:

@@ -265,3 +265,38 @@ async def test_declarations_written_where_they_differ_and_logged(
 async def _version(q: JobQueue, conn: Any) -> Any:
     M = q._t.meta
     return (await conn.execute(select(M.c.value).where(M.c.name == "policy_version"))).scalar()
+
+
+async def test_explain_and_status_see_the_stored_caps(
+    make_queue: Callable[..., JobQueue],
+) -> None:
+    """explain() of a job held by the "*" cap names the group cap; status's notes name the
+    group at its cap; a stored global cap set at runtime is the one explain counts."""
+    from aiojobqueue.fleet import groups_at_cap
+
+    q = make_queue(capacity=4)
+    started, release = asyncio.Event(), asyncio.Event()
+
+    @q.handler("w")
+    async def w(ctx: Any) -> None:
+        started.set()
+        await release.wait()
+
+    async with q:
+        await q.set_group("*", cap=1)
+        await q.enqueue("w", {}, group="g")
+        waiting = await q.enqueue("w", {}, group="g")
+        task = asyncio.create_task(q.serve())
+        try:
+            await asyncio.wait_for(started.wait(), 10)
+            reasons = {r.code: r.data for r in (await q.explain(waiting)).reasons}
+            assert reasons["group_cap"]["cap"] == 1
+            assert [(g.group, g.cap) for g in await groups_at_cap(q)] == [("g", 1)]
+            await q.set_policy(concurrency=1)  # (first: the job must stay held)
+            await q.set_group("*", cap=None)
+            reasons = {r.code: r.data for r in (await q.explain(waiting)).reasons}
+            assert reasons["global_cap"]["cap"] == 1 and "group_cap" not in reasons
+        finally:
+            release.set()
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
