@@ -31,7 +31,7 @@ from .census import Census, others_query
 from .claimed import Claimed, Hold, LeaseAsk, claimed_rows
 from .database import Database
 from .lease import LeasePath, ReturningLease, ready_among
-from .live_policy import LivePolicy, spend_group_rates
+from .live_policy import LivePolicy, caps_held, spend_group_rates
 from .policy import GroupDemand, fair_share, rotation_key
 from .settings import Settings
 from .sql import lit
@@ -59,7 +59,7 @@ class Claimer:
         #: the stored policy as this process last read it: caps, weights, rates, pauses
         self.live = LivePolicy(settings)
         #: the policy generation whose caps a count found held: the hand-over (which
-        #: keeps a count where it was) is off from a change until then (_check_caps)
+        #: keeps a count where it was) is off from a change until then (caps_held)
         self.checked = 0
         self.path: LeasePath = db.ops.lease_path(db, settings)
         #: the same picks, leasing into ``leased`` (held ahead: see _take_over)
@@ -262,8 +262,9 @@ class Claimer:
         # jobs to hold: a hand-over of no slot may lease them (see below)
         holding = hold is not None and hold.room(0) > 0
         asking = want > 0 or holding
-        if live.generation != self.checked and freed is not None and live.needs_gate:
-            await self._check_caps(conn, freed)
+        if (live.generation != self.checked and freed is not None and live.needs_gate
+                and await caps_held(conn, self.db, live, freed, self.count_running())):
+            self.checked = live.generation
         hand = self._handover(now, quick, freed, holding) if live.needs_gate and asking else None
         if (hand is None and freed is not None and (freed or holding) and live.needs_gate
                 and asking and not live.rated
@@ -471,26 +472,6 @@ class Claimer:
             return False
         self.groups_at = now
         return True
-
-    async def _check_caps(self, conn: AsyncConnection, freed: Mapping[str, int]) -> None:
-        """After a change of the policy, once every live worker has had time to see it
-        (LivePolicy.settled): whether what ran before this transaction's finalize (what
-        runs now plus ``freed``) is within the global cap and each freed group's cap.
-        Then the hand-over, which keeps that count, is right again for this generation."""
-        live = self.live
-        if not live.settled(time.monotonic()):
-            return
-        before = (await conn.execute(self.count_running())).scalar_one() + sum(freed.values())
-        if live.concurrency is not None and before > live.concurrency:
-            return
-        J = self.db.t.jobs
-        for g, n in freed.items():
-            cap = live.cap(g)
-            if cap is not None and n + (await conn.execute(
-                    select(func.count()).select_from(J).where(
-                        J.c.state == lit(S.RUNNING), J.c.group_key == g))).scalar_one() > cap:
-                return
-        self.checked = live.generation
 
     async def still_one_group(self, conn: AsyncConnection, types: list[str]) -> bool:
         """The census, without the gate (it counts no cap): whether the one group known to

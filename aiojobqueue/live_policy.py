@@ -20,14 +20,17 @@ import hashlib
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from . import schema as S
 from .database import Database
 from .limits import RateLimit
 from .settings import Settings
+from .sql import lit
 from .stored_policy import (
     Policy,
     read_policy,
@@ -165,6 +168,27 @@ class LivePolicy:
     def settled(self, now: float) -> bool:
         """Whether every live worker has had time to see the last change (HANDOVER_WAIT)."""
         return now - self.changed_at >= HANDOVER_WAIT * self.settings.poll_interval
+
+
+async def caps_held(conn: AsyncConnection, db: Database, live: LivePolicy,
+                    freed: Mapping[str, int], count_running: Any) -> bool:
+    """After a change of the policy, once every live worker has had time to see it
+    (``settled``): whether what ran before the caller's finalize (what runs now plus
+    ``freed``, by group) is within the global cap and each freed group's cap. Then the
+    hand-over, which keeps that count, is right again for this generation (Claimer)."""
+    if not live.settled(time.monotonic()):
+        return False
+    before = (await conn.execute(count_running)).scalar_one() + sum(freed.values())
+    if live.concurrency is not None and before > live.concurrency:
+        return False
+    J = db.t.jobs
+    for g, n in freed.items():
+        cap = live.cap(g)
+        if cap is not None and n + (await conn.execute(
+                select(func.count()).select_from(J).where(
+                    J.c.state == lit(S.RUNNING), J.c.group_key == g))).scalar_one() > cap:
+            return False
+    return True
 
 
 async def group_budgets(conn: AsyncConnection, db: Database,

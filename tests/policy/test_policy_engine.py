@@ -130,12 +130,13 @@ async def test_per_group_rate(make_queue: Callable[..., JobQueue]) -> None:
         await fill(q, {"slow": 10, "fast": 10})
         task = asyncio.create_task(q.serve())
         try:
-            await eventually(lambda: meter.done["fast"] == 10 and meter.done["slow"] == 4)
+            await eventually(lambda: meter.done["fast"] == 10 and meter.done["slow"] == 4,
+                             timeout=30)
             await asyncio.sleep(0.5)  # several more claims: still 4
             assert meter.done["slow"] == 4 and await ready_count(q, group_key="slow") == 6
             await q.set_group("*", rate=RateLimit(2, per=60.0))
             await fill(q, {"nobody": 5})
-            await eventually(lambda: meter.done["nobody"] == 2)
+            await eventually(lambda: meter.done["nobody"] == 2, timeout=30)
             await asyncio.sleep(0.5)
             assert meter.done["nobody"] == 2 and meter.done["slow"] == 4
         finally:
@@ -158,7 +159,7 @@ async def test_pause_and_resume_group_type_and_queue(
         await fill(q, {"free": 3}, type="other")
         task = asyncio.create_task(q.serve())
         try:
-            await eventually(lambda: meter.done["free"] == 5)
+            await eventually(lambda: meter.done["free"] == 5, timeout=30)
             await asyncio.sleep(0.3)
             assert meter.done["held"] == 0 and meter.done["type:other"] == 0
             assert await ready_count(q, group_key="held") == 5
@@ -169,7 +170,8 @@ async def test_pause_and_resume_group_type_and_queue(
             await asyncio.sleep(0.3)
             assert meter.done["held"] == 0 and meter.done["type:other"] == 0
             await q.resume()
-            await eventually(lambda: meter.done["held"] == 5 and meter.done["type:other"] == 3)
+            await eventually(lambda: meter.done["held"] == 5 and meter.done["type:other"] == 3,
+                             timeout=30)
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
