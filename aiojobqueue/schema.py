@@ -37,7 +37,7 @@ from .dialects.columns import Id as _Id
 from .dialects.columns import Json as _Json
 from .dialects.columns import UTCDateTime, drop_routines_with
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 #: What a container not yet active adds to its children's ``pending`` (v3; was 1): larger
 #: than any count of dependencies, so activation tells the credited children apart.
 CREDIT = 1 << 30
@@ -69,6 +69,7 @@ class Tables:
     workers: Table
     rate: Table
     releases: Table
+    schedules: Table
 
 
 def _partial(state: str) -> dict[str, Any]:
@@ -294,8 +295,29 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("ids", _Json, nullable=False),  # a part of its dependents still to release
         Column("created_at", UTCDateTime, nullable=False),
     )
+    schedules = schedule_table(p, md)
     drop_routines_with(jobs)
-    return Tables(md, jobs, deps, meta, groups, workers, rate, releases)
+    return Tables(md, jobs, deps, meta, groups, workers, rate, releases, schedules)
+
+
+def schedule_table(p: str, md: MetaData) -> Table:
+    """v10: one row per periodic schedule (aiojobqueue.schedules): its spec as last declared
+    by a worker's code, whether an operator paused it, and the last slot enqueued (a fixed-
+    width UTC ISO string, compared as text; it was the ``cron:<name>`` meta row before)."""
+    return Table(
+        f"{p}schedules",
+        md,
+        Column("name", String(50), primary_key=True),
+        Column("type", String(200), nullable=False, server_default=""),  # "": never declared
+        Column("cron", String(120)),
+        Column("every", Float),
+        Column("tz", String(64)),
+        Column("args", _Json),
+        Column("options", _Json),
+        Column("paused", Boolean, nullable=False, server_default=false()),
+        Column("last_slot", String(32), nullable=False, server_default=""),
+        Column("declared_at", UTCDateTime),
+    )
 
 
 _default = build_tables()
