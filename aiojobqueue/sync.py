@@ -49,6 +49,7 @@ from .handlers import Handler
 from .insert import Inserter
 from .models import Job
 from .queue import JobQueue
+from .schedules import ScheduleInfo
 from .settings import DEFAULT_POOL_SIZE
 from .syncbridge import drive
 from .syncinsert import SyncInserts
@@ -257,6 +258,23 @@ class SyncQueue:
     def retry(self, job_id: int) -> None:
         """Make a failed or cancelled job runnable again (see ``JobQueue.retry``)."""
         self._run(self._queue.retry(job_id))
+
+    # -- schedules (see the JobQueue methods of the same names) -----------------------------
+    def schedules(self) -> list[ScheduleInfo]:
+        """Every schedule in the database: spec, paused, last slot enqueued, next slot."""
+        return self._run(self._queue.schedules())
+
+    def pause_schedule(self, name: str) -> bool:
+        """Stop every worker enqueuing the schedule's slots; False if already paused."""
+        return self._run(self._queue.pause_schedule(name))
+
+    def resume_schedule(self, name: str) -> bool:
+        """Enqueue the schedule's slots again, from the next one; False if not paused."""
+        return self._run(self._queue.resume_schedule(name))
+
+    def trigger_schedule(self, name: str) -> int:
+        """Enqueue one job of the schedule now; its id."""
+        return self._run(self._queue.trigger_schedule(name))
 
 
 class SyncBatch:
