@@ -195,6 +195,25 @@ async def test_trigger_enqueues_one_job_now_and_errors_are_typed(
         assert await rows(q) == before  # nothing changed
 
 
+async def test_sync_queue_has_the_schedule_api(
+        make_queue: Callable[..., JobQueue], db_url: str, prefix: str) -> None:
+    from aiojobqueue import SyncQueue
+
+    q = make_queue()
+    q.periodic("nightly", type="t", cron="0 3 * * *", tz=PARIS)
+    async with q:
+        with SyncQueue(db_url, prefix=prefix) as sq:
+            assert sq.pause_schedule("nightly") is True
+            assert [(s.name, s.tz, s.paused) for s in sq.schedules()] == [
+                ("nightly", PARIS, True)]
+            assert sq.resume_schedule("nightly") is True
+            jid = sq.trigger_schedule("nightly")
+            assert sq.get(jid).type == "t"
+            with pytest.raises(ScheduleNotFoundError):
+                sq.trigger_schedule("nope")
+        assert not (await q.schedules())[0].paused
+
+
 async def test_v9_marks_become_rows_on_upgrade(make_queue: Callable[..., JobQueue]) -> None:
     """A v9 database kept each schedule's mark in meta (``cron:<name>``): the upgrade moves
     it into the schedules table, so no slot already enqueued is enqueued again."""
