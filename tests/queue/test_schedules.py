@@ -291,15 +291,15 @@ async def test_three_workers_cross_the_fall_back_and_obey_the_command_line(
             await asyncio.sleep(t0 + until - time.time())
             p = await acli("schedule", "pause", "paris", *base)
             assert p.returncode == 0 and "paused" in p.stdout, p.stderr
-            paused_at = fake_now()
+            paused_at = fake_now()  # the pause took effect before this
             before = await all_jobs()
-            await asyncio.sleep(3.0)  # 45 minutes of schedule time: one slot at least
+            await asyncio.sleep(4.0)  # an hour of schedule time: two slots at least
             during = await all_jobs()
             listed = await acli("schedules", *base)
             assert "paris" in listed.stdout and "paused" in listed.stdout, listed.stdout
+            resume_called = fake_now()  # the resume took effect after this
             p = await acli("schedule", "resume", "paris", *base)
             assert p.returncode == 0 and "resumed" in p.stdout, p.stderr
-            resumed_at = fake_now()
             await asyncio.sleep(3.0)
             p = await acli("schedule", "trigger", "paris", "--json", *base)
             assert p.returncode == 0, p.stderr
@@ -318,13 +318,20 @@ async def test_three_workers_cross_the_fall_back_and_obey_the_command_line(
     keys = Counter(r.key for r in live)
     assert all(n == 1 for n in keys.values()), keys  # no slot enqueued twice
     assert all(r.key == f"cron:paris:{slot_iso(r.run_after)}" for r in slot_rows)
-    got = sorted(r.run_after for r in live if r.run_after <= paused_at)
-    half_hours = [z("2026-10-25T00:00") + timedelta(minutes=30 * i) for i in range(48)]
+    # up to the last slot enqueued before the pause: every half hour from 02:00 summer time,
+    # but 02:00 and 02:30 winter time (the repeat) are no slots
+    cut = max(r.run_after for r in before if r.key.startswith("cron:paris:2"))
+    assert cut >= z("2026-10-25T03:00"), cut  # the change of the clocks was crossed
+    got = sorted(r.run_after for r in live if r.run_after <= cut)
+    half_hours = [z("2026-10-25T00:00") + timedelta(minutes=30 * i) for i in range(96)]
     want = [t for t in half_hours if t not in (z("2026-10-25T01:00"), z("2026-10-25T01:30"))
-            and t <= paused_at]
-    assert got == want, (got, want)  # 02:00 and 02:30 CET (the repeat) are no slots
-    resumed = [r.run_after for r in live if r.run_after > paused_at]
-    assert resumed and min(resumed) > resumed_at - timedelta(minutes=30)  # no backfill
+            and t <= cut]
+    assert got == want, (got, want)
+    # the slots that passed while surely paused were skipped (no backfill), and slots came
+    # again after the resume
+    skipped = [t for t in half_hours if paused_at + timedelta(minutes=30) < t <= resume_called]
+    assert skipped and not [r for r in live if r.run_after in skipped], (skipped, live)
+    assert [r for r in live if r.run_after > resume_called]
     runs = Counter(r["id"] for r in read_log(log))
     done = [r.id for r in after if r.state == "done"]
     assert set(runs) == set(done) and all(n == 1 for n in runs.values()), runs
