@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from clikit import acli
+from clikit import acli, one_line_error
 from schedtools import read_log, stop, wait_ready
 from sqlalchemy import delete, insert, select, update
 
@@ -211,6 +211,18 @@ async def test_sync_queue_has_the_schedule_api(
             assert sq.get(jid).type == "t"
             with pytest.raises(ScheduleNotFoundError):
                 sq.trigger_schedule("nope")
+        assert not (await q.schedules())[0].paused
+
+
+async def test_the_command_line_refuses_an_unknown_schedule_in_one_line(
+        make_queue: Callable[..., JobQueue], db_url: str) -> None:
+    q = make_queue()
+    q.periodic("nightly", type="t", cron="0 3 * * *", tz=PARIS)
+    async with q:
+        base = ["--url", db_url, "--prefix", q.prefix]
+        for act in ("pause", "resume", "trigger"):
+            one_line_error(await acli("schedule", act, "nope", *base), 1,
+                           "no schedule named 'nope'")
         assert not (await q.schedules())[0].paused
 
 
