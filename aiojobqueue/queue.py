@@ -239,7 +239,12 @@ class JobQueue:
             # (a partial: no Python frame per job)
             make_context=lambda db: partial(JobContext, self, db, s.worker_id),
             batch_on=lambda conn: self.batch(connection=conn))
-        await schedule_ops.on_start(self._core, self._schedule_clock, declare=migrate)
+        try:
+            await schedule_ops.on_start(self._core, self._schedule_clock, declare=migrate)
+        except BaseException:  # a start that fails leaves nothing open
+            core, self._core = self._core, None
+            await close_core(core)
+            raise
 
     async def close(self) -> None:
         """Dispose of the engine aiojobqueue created (a passed-in engine is left alone)."""
