@@ -272,10 +272,12 @@ def spawn_clocked(url: str, prefix: str, log: Path, start: str, t0: Path,
 async def test_three_workers_cross_the_fall_back_and_obey_the_command_line(
         make_queue: Callable[..., JobQueue], db_url: str, tmp_path: Path) -> None:
     """Three worker processes share a clock that crosses 2026-10-25 in Paris (03:00 CEST
-    back to 02:00 CET) at 15 minutes per second: every half-hour slot is enqueued once
+    back to 02:00 CET) at 5 minutes per second: every half-hour slot is enqueued once
     (the repeated 02:00 and 02:30 not at all) and run once. Then `schedule pause` from the
     command line stops all three, `resume` restarts them, `trigger` runs one job now."""
-    start, speed = "2026-10-24T23:40:00+00:00", 900.0
+    # a slot every 6 s of real time: on a loaded machine (load 20+ on 2 cores) faster
+    # clocks saw all three workers miss a slot's whole period, which skips it (no backfill)
+    start, speed = "2026-10-25T00:20:00+00:00", 300.0
     q = make_queue()
     async with q:
         J = q._t.jobs
@@ -305,14 +307,14 @@ async def test_three_workers_cross_the_fall_back_and_obey_the_command_line(
             assert p.returncode == 0 and "paused" in p.stdout, p.stderr
             paused_at = fake_now()  # the pause took effect before this
             before = await all_jobs()
-            await asyncio.sleep(4.0)  # an hour of schedule time: two slots at least
+            await asyncio.sleep(12.0)  # an hour of schedule time: two slots at least
             during = await all_jobs()
             listed = await acli("schedules", *base)
             assert "paris" in listed.stdout and "paused" in listed.stdout, listed.stdout
             resume_called = fake_now()  # the resume took effect after this
             p = await acli("schedule", "resume", "paris", *base)
             assert p.returncode == 0 and "resumed" in p.stdout, p.stderr
-            await asyncio.sleep(3.0)
+            await asyncio.sleep(8.0)  # 40 minutes: a slot at least
             p = await acli("schedule", "trigger", "paris", "--json", *base)
             assert p.returncode == 0, p.stderr
             import json
@@ -330,12 +332,12 @@ async def test_three_workers_cross_the_fall_back_and_obey_the_command_line(
     keys = Counter(r.key for r in live)
     assert all(n == 1 for n in keys.values()), keys  # no slot enqueued twice
     assert all(r.key == f"cron:paris:{slot_iso(r.run_after)}" for r in slot_rows)
-    # up to the last slot enqueued before the pause: every half hour from 02:00 summer time,
+    # up to the last slot enqueued before the pause: every half hour from 02:30 summer time,
     # but 02:00 and 02:30 winter time (the repeat) are no slots
     cut = max(r.run_after for r in before if r.key.startswith("cron:paris:2"))
     assert cut >= z("2026-10-25T03:00"), cut  # the change of the clocks was crossed
     got = sorted(r.run_after for r in live if r.run_after <= cut)
-    half_hours = [z("2026-10-25T00:00") + timedelta(minutes=30 * i) for i in range(96)]
+    half_hours = [z("2026-10-25T00:30") + timedelta(minutes=30 * i) for i in range(96)]
     want = [t for t in half_hours if t not in (z("2026-10-25T01:00"), z("2026-10-25T01:30"))
             and t <= cut]
     assert got == want, (got, want)
