@@ -14,6 +14,7 @@ from .errors import (
     NotJSONError,
     NotStartedError,
     PermanentError,
+    ScheduleNotFoundError,
     SchemaError,
     UnsupportedDatabaseError,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "PermanentError",
     "RateLimit",
     "Reason",
+    "ScheduleNotFoundError",
     "SchemaError",
     "SyncBatch",
     "SyncQueue",

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from .batch import Batch
     from .executor import HandlerSpec, JobContext
     from .migrate import Routines
-    from .periodic import Schedule
+    from .periodic import Clock, Schedule
     from .worker.rounds import ParallelRound
 
 
@@ -62,6 +62,8 @@ class Core:
     round_kind: type[ParallelRound]
     #: the engine is aiojobqueue's (built from a URL): close_core disposes of it
     owns_engine: bool = False
+    #: the schedules' clock (JobQueue.schedule_clock; None: the database's)
+    schedule_clock: Clock | None = None
 
 
 def build_core(s: Settings, db: Database, routines: Routines | None, *,

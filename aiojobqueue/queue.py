@@ -15,6 +15,7 @@ from typing import Any, Generic, ParamSpec, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
+from . import schedules as schedule_ops
 from . import schema as S
 from . import stored_policy
 from .batch import MAX_ID, Batch, JobRef
@@ -34,7 +35,8 @@ from .hooks import Hooks
 from .insert import Inserter
 from .limits import Limit, RateLimit
 from .models import Job, JobState
-from .periodic import Schedule, make_schedule
+from .periodic import Clock, Schedule, make_schedule
+from .schedules import ScheduleInfo
 from .settings import DEFAULT_POOL_SIZE, Settings
 from .snapshot import read_job
 from .stored_policy import UNSET, Policy, Unset
@@ -125,6 +127,7 @@ class JobQueue:
         self._handlers: dict[str, HandlerSpec] = {}
         self._hooks = Hooks()
         self._schedules: dict[str, Schedule] = {}
+        self._schedule_clock: Clock | None = None
         #: the parts of the started queue (None until start())
         self._core: Core | None = None
         self._inserter: Inserter | None = None
@@ -188,18 +191,23 @@ class JobQueue:
         args: dict[str, Any] | None = None,
         every: timedelta | float | None = None,
         cron: str | None = None,
+        tz: str | None = None,
         **options: Any,
     ) -> None:
         """Enqueue a ``type`` job once per slot, across every worker serving this database.
 
         Give ``every`` (a timedelta or seconds; slots aligned to the Unix epoch, UTC) or
-        ``cron`` (a 5-field cron expression, UTC). ``options`` are enqueue options: group,
-        weight, priority, timeout, max_attempts. serve() runs the schedules; each slot is
-        enqueued exactly once even with many workers (see ``aiojobqueue.periodic``).
+        ``cron`` (a 5-field cron expression, in the IANA time zone ``tz``, default UTC: a
+        wall time skipped by daylight saving is no slot, one that repeats is one slot).
+        ``options`` are enqueue options: group, weight, priority, timeout, max_attempts.
+        start() declares the schedule into the schedules table (where it differs); serve()
+        runs it; each slot is enqueued exactly once even with many workers (see
+        ``aiojobqueue.periodic`` and ``aiojobqueue.schedules``).
         """
         if name in self._schedules:
             raise ConfigurationError(f"a schedule named {name!r} is already registered")
-        sched = make_schedule(name, type=type, args=args, every=every, cron=cron, **options)
+        sched = make_schedule(name, type=type, args=args, every=every, cron=cron, tz=tz,
+                              **options)
         self.batch().add(sched.type, sched.args, **sched.options)  # bad options fail now
         self._schedules[name] = sched
 
@@ -233,6 +241,12 @@ class JobQueue:
             # (a partial: no Python frame per job)
             make_context=lambda db: partial(JobContext, self, db, s.worker_id),
             batch_on=lambda conn: self.batch(connection=conn))
+        try:
+            await schedule_ops.on_start(self._core, self._schedule_clock, declare=migrate)
+        except BaseException:  # a start that fails leaves nothing open
+            core, self._core = self._core, None
+            await close_core(core)
+            raise
 
     async def close(self) -> None:
         """Dispose of the engine aiojobqueue created (a passed-in engine is left alone)."""
@@ -380,6 +394,35 @@ class JobQueue:
         core = self._started()
         await stored_policy.resume(core.db, group=group, type=type)
         _policy_changed(core)
+    # -- schedules (aiojobqueue.schedules) -------------------------------------------------
+    async def schedules(self) -> list[ScheduleInfo]:
+        """Every schedule in the database: spec, paused, last slot enqueued, next slot."""
+        return await schedule_ops.list_schedules(self._started().db)
+
+    async def pause_schedule(self, name: str) -> bool:
+        """Stop every worker enqueuing the schedule's slots (the one enqueued ahead is
+        cancelled unless it started). False if it was paused already.
+        Raises ScheduleNotFoundError."""
+        return await schedule_ops.pause(self._started(), name)
+
+    async def resume_schedule(self, name: str) -> bool:
+        """Enqueue the schedule's slots again, from the next one (slots missed while paused
+        are skipped). False if it was not paused. Raises ScheduleNotFoundError."""
+        return await schedule_ops.resume(self._started().db, name)
+
+    async def trigger_schedule(self, name: str) -> int:
+        """Enqueue one job of the schedule now (its slots stay as they are); its id.
+        Raises ScheduleNotFoundError."""
+        core = self._started()
+        job_id = await schedule_ops.trigger(core.db, core.batch_on, name)
+        core.signals.wake()
+        return job_id
+
+    def schedule_clock(self, clock: Clock | None) -> None:
+        """Read the schedules' time from ``await clock()`` (an aware datetime) instead of
+        the database's clock, from the next start() on: for tests that cross a daylight-
+        saving change. Every worker of a database should agree on the time."""
+        self._schedule_clock = clock
 
     # -- serving --------------------------------------------------------------------------
     async def serve(self) -> None:

@@ -70,6 +70,7 @@ class Tables:
     rate: Table
     releases: Table
     policy: Table
+    schedules: Table
 
 
 def _partial(state: str) -> dict[str, Any]:
@@ -307,8 +308,29 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("rate_per", Float),
         Column("paused", Boolean, nullable=False, server_default=false()),
     )
+    schedules = schedule_table(p, md)
     drop_routines_with(jobs)
-    return Tables(md, jobs, deps, meta, groups, workers, rate, releases, policy)
+    return Tables(md, jobs, deps, meta, groups, workers, rate, releases, policy, schedules)
+
+
+def schedule_table(p: str, md: MetaData) -> Table:
+    """v10: one row per periodic schedule (aiojobqueue.schedules): its spec as last declared
+    by a worker's code, whether an operator paused it, and the last slot enqueued (a fixed-
+    width UTC ISO string, compared as text; it was the ``cron:<name>`` meta row before)."""
+    return Table(
+        f"{p}schedules",
+        md,
+        Column("name", String(50), primary_key=True),
+        Column("type", String(200), nullable=False, server_default=""),  # "": never declared
+        Column("cron", String(120)),
+        Column("every", Float),
+        Column("tz", String(64)),
+        Column("args", _Json),
+        Column("options", _Json),
+        Column("paused", Boolean, nullable=False, server_default=false()),
+        Column("last_slot", String(32), nullable=False, server_default=""),
+        Column("declared_at", UTCDateTime),
+    )
 
 
 _default = build_tables()

@@ -51,6 +51,7 @@ from .insert import Inserter
 from .limits import RateLimit
 from .models import Job
 from .queue import JobQueue
+from .schedules import ScheduleInfo
 from .settings import DEFAULT_POOL_SIZE
 from .stored_policy import UNSET, Policy, Unset
 from .syncbridge import drive
@@ -287,6 +288,22 @@ class SyncQueue:
     def resume(self, *, group: str | None = None, type: str | None = None) -> None:
         """Undo ``pause`` with the same arguments."""
         self._run(self._queue.resume(group=group, type=type))
+    # -- schedules (see the JobQueue methods of the same names) -----------------------------
+    def schedules(self) -> list[ScheduleInfo]:
+        """Every schedule in the database: spec, paused, last slot enqueued, next slot."""
+        return self._run(self._queue.schedules())
+
+    def pause_schedule(self, name: str) -> bool:
+        """Stop every worker enqueuing the schedule's slots; False if already paused."""
+        return self._run(self._queue.pause_schedule(name))
+
+    def resume_schedule(self, name: str) -> bool:
+        """Enqueue the schedule's slots again, from the next one; False if not paused."""
+        return self._run(self._queue.resume_schedule(name))
+
+    def trigger_schedule(self, name: str) -> int:
+        """Enqueue one job of the schedule now; its id."""
+        return self._run(self._queue.trigger_schedule(name))
 
 
 class SyncBatch:

@@ -22,7 +22,13 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..errors import ConfigurationError, InvalidJobError, InvalidStateError, JobNotFoundError
+from ..errors import (
+    ConfigurationError,
+    InvalidJobError,
+    InvalidStateError,
+    JobNotFoundError,
+    ScheduleNotFoundError,
+)
 from . import dag as D
 from . import data as Q
 from . import policy as P
@@ -80,6 +86,8 @@ class Dashboard:
             Route("/jobs/{job_id:int}/cancel", self.one, methods=["POST"], name="cancel"),
             Route("/workers", self.workers, name="workers"),
             Route("/schedules", self.schedules, name="schedules"),
+            Route("/schedules/{action:str}", self.schedule_action, methods=["POST"],
+                  name="schedule_action"),
             Route("/events", self.events, name="events"),
             Route("/api/overview", self.api_overview),
             Route("/api/jobs", self.api_jobs),
@@ -97,6 +105,7 @@ class Dashboard:
         self.app = Starlette(routes=routes, exception_handlers={
             HTTPException: self._http_error, InvalidJobError: self._bad_input,
             JobNotFoundError: self._not_found, InvalidStateError: self._conflict,
+            ScheduleNotFoundError: self._not_found,
         }, lifespan=self._lifespan)
 
     @contextlib.asynccontextmanager
@@ -235,6 +244,23 @@ class Dashboard:
         changed, problems = await Q.act(self.q, action, ids)
         return self.render(request, "done.html", "full", f=f, action=action,
                            changed=changed, problems=problems, more=count.capped)
+
+    async def schedule_action(self, request: Request) -> Response:
+        """Pause, resume or trigger the schedule named by the form's ``name`` (full access,
+        same site only); back to the schedules page, or to the job a trigger enqueued."""
+        await self.may_act(request)
+        action = request.path_params["action"]
+        name = str((await request.form()).get("name") or "")
+        if action == "trigger":
+            job_id = await self.q.trigger_schedule(name)
+            return RedirectResponse(request.url_for("job", job_id=job_id), 303)
+        if action == "pause":
+            await self.q.pause_schedule(name)
+        elif action == "resume":
+            await self.q.resume_schedule(name)
+        else:
+            raise HTTPException(404, f"no schedule action {action!r}")
+        return RedirectResponse(request.url_for("schedules"), 303)
 
     async def _explain(self, job_id: int) -> Any:
         """``queue.explain(id)`` where the queue has it: the reasons in words."""

@@ -10,7 +10,6 @@ Writes go through the public ``JobQueue.retry`` / ``JobQueue.cancel`` only (see 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Text, cast, func, literal, select
@@ -232,37 +231,10 @@ class Data(OverviewReads, DagReads):
         return await self._read(read)
 
     async def schedules(self) -> list[ScheduleRow]:
-        """Every schedule with a mark in the database, plus those this process registered."""
-        J, M = self.t.jobs, self.t.meta
-        known: dict[str, Any] = dict(getattr(self.q, "_schedules", {}) or {})
-
-        async def read(conn: AsyncConnection) -> list[ScheduleRow]:
-            marks = dict((await conn.execute(
-                select(M.c.name, M.c.value).where(M.c.name.like("cron:%")))).all())
-            names = sorted({m[5:] for m in marks} | set(known))
-            out = []
-            for name in names:
-                s = known.get(name)
-                iso = marks.get(f"cron:{name}") or None
-                last = datetime.fromisoformat(iso.replace("Z", "+00:00")) if iso else None
-                state = None
-                if last is not None:
-                    key = f"cron:{name}:{iso}"
-                    # a live slot job is one unique-index probe; a finished one has no
-                    # live_key any more (and ``key`` is not indexed)
-                    state = await conn.scalar(select(J.c.state).where(J.c.live_key == key))
-                    state = state or "finished"
-                every = None
-                nxt = None
-                if s is not None:
-                    every = f"every {s.every:g} s" if s.every is not None else f"cron {s.cron}"
-                    if last is not None:
-                        nxt = s.next_after(last)
-                out.append(ScheduleRow(name, s.type if s is not None else None, every, last,
-                                       state, nxt))
-            return out
-
-        return await self._read(read)
+        """Every schedule in the schedules table (``JobQueue.schedules``)."""
+        return [ScheduleRow(i.name, i.type, i.period, i.last_slot, i.last_state, i.next_slot,
+                            i.tz, i.paused)
+                for i in await self.q.schedules()]
 
 
 

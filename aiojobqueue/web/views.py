@@ -265,7 +265,8 @@ class WorkerRow:
 
 @dataclass
 class ScheduleRow:
-    """One periodic schedule: known from this process's queue, or only from its mark."""
+    """One row of the schedules table (``every``: the period, ``every 5 s`` or ``cron
+    ...``; None with ``type`` for a row no worker has declared yet)."""
 
     name: str
     type: str | None
@@ -273,5 +274,7 @@ class ScheduleRow:
     last_slot: datetime | None
     last_state: str | None
     next_slot: datetime | None
+    tz: str | None = None
+    paused: bool = False
 
 

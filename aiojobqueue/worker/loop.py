@@ -73,7 +73,9 @@ class Worker:
                 ]
                 if core.schedules and not until_idle:
                     side.append(tg.create_task(db.resilient(
-                        "periodic", lambda: run_schedules(core.db, core.schedules, core.batch_on))))
+                        "periodic", lambda: run_schedules(
+                            core.db, core.schedules, core.batch_on, clock=core.schedule_clock,
+                            poll=core.settings.poll_interval))))
                 listener = db.ops.listener(db.engine)
                 if listener is not None and not until_idle:
                     # while its claims come back full the worker claims again at once: a
