@@ -282,6 +282,7 @@ class JobQueue:
         max_attempts: int | None = None,
         key: str | None = None,
         parent: JobRef | int | None = None,
+        tags: Iterable[str] | None = None,
     ) -> int:
         """Enqueue one job and return its id (with a live ``key``: the existing job's id).
 
@@ -293,7 +294,7 @@ class JobQueue:
         b = self.batch()
         ref = b.add(type, args, group=group, weight=weight, depends_on=depends_on,
                     run_after=run_after, priority=priority, timeout=timeout,
-                    max_attempts=max_attempts, key=key, parent=parent)
+                    max_attempts=max_attempts, key=key, parent=parent, tags=tags)
         await b.commit()
         return ref.id
 
