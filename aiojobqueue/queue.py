@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from datetime import datetime, timedelta
 from functools import partial
 from types import TracebackType
@@ -34,6 +34,7 @@ from .insert import Inserter
 from .limits import Limit
 from .models import Job, JobState
 from .periodic import Schedule, make_schedule
+from .retention import check_retention, declare
 from .settings import DEFAULT_POOL_SIZE, Settings
 from .snapshot import read_job
 from .worker import Worker
@@ -82,6 +83,10 @@ class JobQueue:
     PostgreSQL a serving worker holds one more, for LISTEN, opened to ``listen_url`` where
     given: a direct connection when ``url`` goes through a transaction pooler such as
     PgBouncer (see docs/deploying.md).
+
+    ``retention`` (``{"done": timedelta(days=7), "failed": ..., "cancelled": ...}``): how
+    long finished DAGs are kept, per state; stored in the database at start and applied by
+    every serving worker (see aiojobqueue.retention, docs/operations.md).
     """
 
     def __init__(
@@ -104,6 +109,7 @@ class JobQueue:
         worker_id: str | None = None,
         pool_size: int = DEFAULT_POOL_SIZE,
         listen_url: str | None = None,
+        retention: Mapping[str, timedelta] | None = None,
     ) -> None:
         if isinstance(url, AsyncEngine) and pool_size != DEFAULT_POOL_SIZE:
             raise ConfigurationError(
@@ -118,6 +124,8 @@ class JobQueue:
             worker_id=worker_id or "", pool_size=pool_size,
             listen_url=listen_url_for(url, listen_url),
         )
+        #: stored at start where it differs (aiojobqueue.retention); None: left as stored
+        self._retention = None if retention is None else check_retention(retention)
         self._url = async_url(url) if isinstance(url, str) else url
         self._t = S.build_tables(prefix)
         self._handlers: dict[str, HandlerSpec] = {}
@@ -231,6 +239,8 @@ class JobQueue:
             # (a partial: no Python frame per job)
             make_context=lambda db: partial(JobContext, self, db, s.worker_id),
             batch_on=lambda conn: self.batch(connection=conn))
+        if self._retention is not None and migrate:
+            await declare(self._core.db, self._retention)
 
     async def close(self) -> None:
         """Dispose of the engine aiojobqueue created (a passed-in engine is left alone)."""

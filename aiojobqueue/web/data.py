@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from .. import schema as S
 from ..errors import InvalidStateError, JobNotFoundError
 from ..models import JobState
+from ..tags import with_tag
 from ..timeutil import db_now
 from . import views as V
 from .dagreads import DagReads, group_states
@@ -155,9 +156,10 @@ class Data(OverviewReads, DagReads):
         if not wanted:
             return [], Count(0)
         cond = self._where(Filters(None, f.group, f.type, f.parent, f.q))
-        base, idc = self._from(f, (J.c.id,))
-        parts = [base.where(J.c.state == lit(s), *cond)
-                 .order_by(idc.desc()).limit(BULK_MAX + 1) for s in wanted]
+        if f.tag is not None:  # the planner picks the side: see tags.with_tag
+            cond.append(J.c.id.in_(with_tag(self.t.tags, f.tag)))
+        parts = [select(J.c.id).where(J.c.state == lit(s), *cond)
+                 .order_by(J.c.id.desc()).limit(BULK_MAX + 1) for s in wanted]
 
         async def read(conn: AsyncConnection) -> list[int]:
             ids: list[int] = []
