@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Table, delete, insert, select
+from sqlalchemy import Table, delete, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as S
@@ -88,13 +88,31 @@ async def delete_tags(conn: AsyncConnection, T: Table, ids: Sequence[int]) -> in
     return n
 
 
-def with_tag(T: Table, tag: str) -> Any:
-    """The ids carrying ``tag``, as a subquery for ``jobs.id IN (...)``: a semi-join the
-    planner may drive from either side. Next to a state term this is what a bulk action
-    wants: few failed jobs under a common tag are found from the state index, a rare tag
-    from the tag index. (A page of the newest jobs by tag is a join ordered by the tags
-    index instead: see admin.list_jobs, web/data.py.)"""
-    return select(T.c.job_id).where(T.c.tag == tag)
+#: A side of a tag-and-state read with fewer rows than this is read whole (capped counts).
+PROBE = 2000
+
+
+async def tagged_ids(conn: AsyncConnection, J: Table, T: Table, tag: str,
+                     states: Sequence[str], limit: int, cond: Sequence[Any] = ()) -> list[int]:
+    """Ids (newest first, at most ``limit``) of jobs carrying ``tag`` in one of ``states``
+    (and meeting ``cond``). Driven from the smaller side, measured by two capped index
+    counts: a rare tag from the (tag, job_id) index, a common tag with few jobs in those
+    states (the usual bulk retry: a few failed among 100k tagged) from the state index,
+    each row's tag then one primary-key probe. (A planner left to choose may read every row
+    of the common tag: SQLite does.)"""
+    def capped(stmt: Any) -> Any:
+        return select(func.count()).select_from(stmt.limit(PROBE).subquery())
+
+    by_tag = await conn.scalar(capped(select(T.c.job_id).where(T.c.tag == tag)))
+    by_state = await conn.scalar(capped(select(J.c.id).where(J.c.state.in_(states))))
+    if int(by_tag or 0) <= int(by_state or 0):
+        stmt = (select(J.c.id).select_from(T).join(J, J.c.id == T.c.job_id)
+                .where(T.c.tag == tag).order_by(T.c.job_id.desc()))
+    else:
+        has = select(T.c.job_id).where(T.c.job_id == J.c.id, T.c.tag == tag).exists()
+        stmt = select(J.c.id).where(has).order_by(J.c.id.desc())
+    rows = await conn.execute(stmt.where(J.c.state.in_(states), *cond).limit(limit))
+    return [int(r[0]) for r in rows]
 
 
 @dataclass
@@ -117,13 +135,7 @@ async def matching(q: JobQueue, tag: str, states: Sequence[str], limit: int = BU
     check_tag(tag)
     J, T = q._t.jobs, q._t.tags
 
-    async def read(conn: AsyncConnection) -> list[int]:
-        rows = await conn.execute(select(J.c.id).where(
-            J.c.state.in_(states), J.c.id.in_(with_tag(T, tag))
-        ).order_by(J.c.id.desc()).limit(limit))
-        return [int(r[0]) for r in rows]
-
-    return await q._read(read)
+    return await q._read(lambda conn: tagged_ids(conn, J, T, tag, states, limit))
 
 
 async def retry_tagged(q: JobQueue, tag: str) -> BulkResult:

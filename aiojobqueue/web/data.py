@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from .. import schema as S
 from ..errors import InvalidStateError, JobNotFoundError
 from ..models import JobState
-from ..tags import with_tag
+from ..tags import tagged_ids
 from ..timeutil import db_now
 from . import views as V
 from .dagreads import DagReads, group_states
@@ -156,12 +156,13 @@ class Data(OverviewReads, DagReads):
         if not wanted:
             return [], Count(0)
         cond = self._where(Filters(None, f.group, f.type, f.parent, f.q))
-        if f.tag is not None:  # the planner picks the side: see tags.with_tag
-            cond.append(J.c.id.in_(with_tag(self.t.tags, f.tag)))
         parts = [select(J.c.id).where(J.c.state == lit(s), *cond)
                  .order_by(J.c.id.desc()).limit(BULK_MAX + 1) for s in wanted]
 
         async def read(conn: AsyncConnection) -> list[int]:
+            if f.tag is not None:  # from the smaller side (see tags.tagged_ids)
+                return await tagged_ids(conn, J, self.t.tags, f.tag, wanted, BULK_MAX + 1,
+                                        cond)
             ids: list[int] = []
             for p in parts:  # one index range per state
                 ids += [r[0] for r in await conn.execute(p)]
