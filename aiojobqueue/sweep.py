@@ -18,6 +18,7 @@ edges, tags and stale release records.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -34,6 +35,8 @@ from .timeutil import db_now
 
 if TYPE_CHECKING:
     from .database import Database
+
+log = logging.getLogger("aiojobqueue.retention")
 
 #: Ids per IN list.
 CHUNK = 500
@@ -73,10 +76,12 @@ async def sweep(db: Database, policy: Mapping[str, timedelta], renew: Renew,
             comps = await db.read(partial(components, db, seeds=seeds))
             doomed = [c for c in comps if deletable(c, cutoffs)]
             for part in _chunks(doomed):
-                n = await db.write(partial(_delete, db, comps=part, renew=renew))
-                if n is None:
+                ids = await db.write(partial(_delete, db, comps=part, renew=renew))
+                if ids is None:
                     return deleted
-                deleted += n
+                deleted += len(ids)
+                # committed: the ids, for whoever audits the sweep (tests/crash)
+                log.debug("retention: deleted %d jobs", len(ids), extra={"ids": ids})
                 await asyncio.sleep(pause)
     return deleted
 
@@ -178,8 +183,9 @@ def _chunks(comps: list[Component]) -> list[list[Component]]:
 
 
 async def _delete(db: Database, conn: AsyncConnection, *, comps: list[Component],
-                  renew: Renew) -> int | None:
-    """One batch's transaction (see the module docstring). None: the lease is lost."""
+                  renew: Renew) -> list[int] | None:
+    """One batch's transaction (see the module docstring): the ids deleted, or None if the
+    lease is lost."""
     if not await renew(conn):
         return None
     J, D = db.t.jobs, db.t.deps
@@ -213,4 +219,4 @@ async def _delete(db: Database, conn: AsyncConnection, *, comps: list[Component]
         await delete_tags(conn, db.t.tags, part)
         await conn.execute(delete(db.t.releases).where(db.t.releases.c.job_id.in_(part)))
         await conn.execute(delete(J).where(J.c.id.in_(part)))
-    return len(doomed)
+    return doomed
