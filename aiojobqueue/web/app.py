@@ -23,6 +23,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ..errors import ConfigurationError, InvalidJobError, InvalidStateError, JobNotFoundError
+from ..retention import last_sweep
 from . import dag as D
 from . import data as Q
 from . import views as V
@@ -158,7 +159,8 @@ class Dashboard:
     # -- pages ------------------------------------------------------------------------------
     async def overview(self, request: Request) -> Response:
         level = await self.level(request)
-        return self.render(request, "overview.html", level, ov=await self.data.overview())
+        return self.render(request, "overview.html", level, ov=await self.data.overview(),
+                           sweep=await last_sweep(self.q._started().db))
 
     async def jobs(self, request: Request) -> Response:
         level = await self.level(request)
