@@ -46,7 +46,7 @@ EVERY = 60.0
 #: Seconds a sweeper's lease lasts without a renewal (each batch renews it).
 TTL = 30.0
 #: The most top-level jobs one batch looks at (its components may add more rows).
-BATCH = 100
+BATCH = 500
 #: Seconds to pause between batches, so a sweep never takes the database for itself.
 PAUSE = 0.05
 

@@ -57,7 +57,7 @@ class Component:
 
 
 async def sweep(db: Database, policy: Mapping[str, timedelta], renew: Renew,
-                batch: int = 100, pause: float = 0.05) -> int:
+                batch: int = 500, pause: float = 0.05) -> int:
     """Delete the finished DAGs older than ``policy`` (see the module docstring), ``batch``
     top-level jobs looked at per transaction; returns how many jobs went. Stops early
     (returning what it deleted) once ``renew`` says the lease is lost."""

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -201,12 +203,18 @@ async def main() -> None:
           f"{'dead/hist':>9} {'WAL B/job':>9} {'claim p50':>9} {'p99 ms':>7} {'wake p50':>8} "
           f"{'p99 ms':>7} {'load':>5}", flush=True)
     t0 = time.time()
+    ended = asyncio.Event()  # SIGTERM/SIGINT: print nothing more, clean up
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, ended.set)
     prev = await health(engine, a.db, prefix, path)
     seen = {i: 0 for i in range(a.workers)}
     done_prev = 0
     try:
         while time.time() - t0 < a.minutes * 60:
-            await asyncio.sleep(a.every)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ended.wait(), a.every)
+            if ended.is_set():
+                break
             h = await health(engine, a.db, prefix, path)
             claims: list[float] = []
             wakes: list[float] = []
