@@ -26,6 +26,7 @@ from .models import Job, JobState
 from .queue import JobQueue
 from .schema import metadata
 from .sync import SyncBatch, SyncQueue
+from .tags import InvalidTagError
 
 __all__ = [
     "AioJobQueueError",
@@ -37,6 +38,7 @@ __all__ = [
     "Handler",
     "InvalidJobError",
     "InvalidStateError",
+    "InvalidTagError",
     "Job",
     "JobCancelled",
     "JobContext",

@@ -131,3 +131,19 @@ def test_sync_queue_tags(db_url: str, prefix: str, make_queue: Any) -> None:
         assert sq.get(r.id).tags == ("sync",)
         with pytest.raises(InvalidTagError):
             sq.enqueue("t", tags=[""])
+
+
+async def test_cli_jobs_by_tag(queue: JobQueue, db_url: str, prefix: str) -> None:
+    import json
+
+    from clikit import acli
+
+    a = await queue.enqueue("t", {"n": 1}, tags=["invoice:7", "eu"])
+    await queue.enqueue("t", {"n": 2}, tags=["invoice:8"])
+    env = {"AIOJOBQUEUE_URL": db_url, "AIOJOBQUEUE_PREFIX": prefix}
+    p = await acli("jobs", "--tag", "invoice:7", "--json", env=env)
+    assert p.returncode == 0, p.stderr
+    (job,) = json.loads(p.stdout)
+    assert job["id"] == a and job["tags"] == ["eu", "invoice:7"]
+    p = await acli("jobs", "--tag", "", "--json", env=env)
+    assert p.returncode != 0 and "tag" in p.stderr and "Traceback" not in p.stderr
