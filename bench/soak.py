@@ -8,7 +8,8 @@ groups, enqueued in 10 slices a second) plus one DAG a second (a container of fo
 jobs and a job after it), to ``--workers`` worker processes (``serve()``) with retention on
 (``--retention`` seconds for done, failed and cancelled; the sweep every ``--sweep-every``
 seconds) and the database's own maintenance as configured (PostgreSQL: autovacuum as the
-server has it; nothing is vacuumed by hand). Every ``--every`` seconds it prints one row:
+server has it; with ``--vacuum-every S`` this script VACUUMs the jobs table every S seconds
+instead, for a server whose autovacuum is off, as on the shared test machine). Every ``--every`` seconds it prints one row:
 jobs finished in the period and the rate, the jobs table's size and its indexes' (PostgreSQL:
 pg_relation_size / pg_indexes_size; MariaDB: information_schema.TABLES after ANALYZE TABLE;
 SQLite: the file), rows in the table, dead tuples (PostgreSQL n_dead_tup) or the InnoDB
@@ -155,6 +156,17 @@ async def health(engine: Any, db: str, prefix: str, path: str | None) -> dict[st
     return out
 
 
+async def vacuuming(engine: Any, prefix: str, every: float) -> None:
+    """What autovacuum would do for the jobs table, where the server has it off."""
+    from sqlalchemy import text
+
+    while True:
+        await asyncio.sleep(every)
+        async with engine.connect() as c:
+            c = await c.execution_options(isolation_level="AUTOCOMMIT")
+            await c.execute(text(f"VACUUM {prefix}jobs"))
+
+
 def mb(v: Any) -> str:
     return "-" if v is None else f"{v / 1e6:.1f}"
 
@@ -169,6 +181,9 @@ async def main() -> None:
     ap.add_argument("--capacity", type=int, default=32)
     ap.add_argument("--retention", type=float, default=300)
     ap.add_argument("--sweep-every", type=float, default=30)
+    ap.add_argument("--vacuum-every", type=float, default=0,
+                    help="PostgreSQL: VACUUM the jobs table this often (seconds), for a "
+                         "server whose autovacuum is off; 0: never")
     a = ap.parse_args()
     from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -196,8 +211,11 @@ async def main() -> None:
     engine = create_async_engine(url)
     stop = asyncio.Event()
     producer = asyncio.create_task(produce(q, a.rate, stop))
+    vacuum = asyncio.create_task(vacuuming(engine, prefix, a.vacuum_every)) if (
+        a.vacuum_every and a.db == "postgresql") else None
     print(f"# soak on {a.db}: {a.rate} jobs/s + a DAG/s, {a.workers} workers x {a.capacity}, "
           f"retention {a.retention:.0f}s, sweep every {a.sweep_every:.0f}s, "
+          f"VACUUM every {a.vacuum_every:.0f}s (0: never), "
           f"load {os.getloadavg()[0]:.1f}; logs in {tmp}")
     print(f"{'min':>5} {'done':>7} {'jobs/s':>7} {'rows':>8} {'table MB':>9} {'idx MB':>7} "
           f"{'dead/hist':>9} {'WAL B/job':>9} {'claim p50':>9} {'p99 ms':>7} {'wake p50':>8} "
@@ -243,6 +261,9 @@ async def main() -> None:
     finally:
         stop.set()
         await producer
+        if vacuum is not None:
+            vacuum.cancel()
+            await asyncio.gather(vacuum, return_exceptions=True)
         for p in procs:
             p.terminate()
         for p in procs:
