@@ -9,7 +9,8 @@ jobs and a job after it), to ``--workers`` worker processes (``serve()``) with r
 (``--retention`` seconds for done, failed and cancelled; the sweep every ``--sweep-every``
 seconds) and the database's own maintenance as configured (PostgreSQL: autovacuum as the
 server has it; with ``--vacuum-every S`` this script VACUUMs the jobs table every S seconds
-instead, for a server whose autovacuum is off, as on the shared test machine). Every ``--every`` seconds it prints one row:
+instead, for a server whose autovacuum is off, as on the shared test machine). Every
+``--every`` seconds it prints one row:
 jobs finished in the period and the rate, the jobs table's size and its indexes' (PostgreSQL:
 pg_relation_size / pg_indexes_size; MariaDB: information_schema.TABLES after ANALYZE TABLE;
 SQLite: the file), rows in the table, dead tuples (PostgreSQL n_dead_tup) or the InnoDB
