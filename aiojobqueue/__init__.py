@@ -27,6 +27,7 @@ from .models import Job, JobState
 from .queue import JobQueue
 from .schema import metadata
 from .sync import SyncBatch, SyncQueue
+from .tags import InvalidTagError
 
 __all__ = [
     "AioJobQueueError",
@@ -38,6 +39,7 @@ __all__ = [
     "Handler",
     "InvalidJobError",
     "InvalidStateError",
+    "InvalidTagError",
     "Job",
     "JobCancelled",
     "JobContext",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from datetime import datetime, timedelta
 from functools import partial
 from types import TracebackType
@@ -36,6 +36,7 @@ from .insert import Inserter
 from .limits import Limit, RateLimit
 from .models import Job, JobState
 from .periodic import Clock, Schedule, make_schedule
+from .retention import check_retention, declare
 from .schedules import ScheduleInfo
 from .settings import DEFAULT_POOL_SIZE, Settings
 from .snapshot import read_job
@@ -86,6 +87,10 @@ class JobQueue:
     PostgreSQL a serving worker holds one more, for LISTEN, opened to ``listen_url`` where
     given: a direct connection when ``url`` goes through a transaction pooler such as
     PgBouncer (see docs/deploying.md).
+
+    ``retention`` (``{"done": timedelta(days=7), "failed": ..., "cancelled": ...}``): how
+    long finished DAGs are kept, per state; stored in the database at start and applied by
+    every serving worker (see aiojobqueue.retention, docs/operations.md).
     """
 
     def __init__(
@@ -108,6 +113,7 @@ class JobQueue:
         worker_id: str | None = None,
         pool_size: int = DEFAULT_POOL_SIZE,
         listen_url: str | None = None,
+        retention: Mapping[str, timedelta] | None = None,
     ) -> None:
         if isinstance(url, AsyncEngine) and pool_size != DEFAULT_POOL_SIZE:
             raise ConfigurationError(
@@ -122,6 +128,8 @@ class JobQueue:
             worker_id=worker_id or "", pool_size=pool_size,
             listen_url=listen_url_for(url, listen_url),
         )
+        #: stored at start where it differs (aiojobqueue.retention); None: left as stored
+        self._retention = None if retention is None else check_retention(retention)
         self._url = async_url(url) if isinstance(url, str) else url
         self._t = S.build_tables(prefix)
         self._handlers: dict[str, HandlerSpec] = {}
@@ -247,6 +255,8 @@ class JobQueue:
             core, self._core = self._core, None
             await close_core(core)
             raise
+        if self._retention is not None and migrate:
+            await declare(self._core.db, self._retention)
 
     async def close(self) -> None:
         """Dispose of the engine aiojobqueue created (a passed-in engine is left alone)."""
@@ -298,6 +308,7 @@ class JobQueue:
         max_attempts: int | None = None,
         key: str | None = None,
         parent: JobRef | int | None = None,
+        tags: Iterable[str] | None = None,
     ) -> int:
         """Enqueue one job and return its id (with a live ``key``: the existing job's id).
 
@@ -309,7 +320,7 @@ class JobQueue:
         b = self.batch()
         ref = b.add(type, args, group=group, weight=weight, depends_on=depends_on,
                     run_after=run_after, priority=priority, timeout=timeout,
-                    max_attempts=max_attempts, key=key, parent=parent)
+                    max_attempts=max_attempts, key=key, parent=parent, tags=tags)
         await b.commit()
         return ref.id
 

@@ -71,6 +71,10 @@ class Tables:
     releases: Table
     policy: Table
     schedules: Table
+    #: v10: (job_id, tag) pairs (aiojobqueue.tags)
+    tags: Table
+    #: v10: the retention in force and its sweep's lease and last run (aiojobqueue.retention)
+    sweeps: Table
 
 
 def _partial(state: str) -> dict[str, Any]:
@@ -308,9 +312,33 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("rate_per", Float),
         Column("paused", Boolean, nullable=False, server_default=false()),
     )
+
+    # v10: a job's tags; (tag, job_id) serves a tag filter as one index range, newest first
+    tags = Table(
+        f"{p}tags",
+        md,
+        Column("job_id", _Id, primary_key=True),
+        Column("tag", String(100), primary_key=True),
+        Index(f"{p}ix_tags_tag", "tag", "job_id"),
+    )
+    # v10: one row per sweep kind ("retention"): its lease (one sweeper at a time, replaced
+    # once the lease expires), the retention in force and what the last sweep did
+    sweeps = Table(
+        f"{p}sweeps",
+        md,
+        Column("name", String(32), primary_key=True),
+        Column("lease_owner", String(64)),
+        Column("lease_expires", UTCDateTime),
+        Column("policy", _Json),
+        Column("last_started", UTCDateTime),
+        Column("last_finished", UTCDateTime),
+        Column("last_deleted", Integer, nullable=False, server_default="0"),
+        Column("total_deleted", _Id, nullable=False, server_default="0"),
+    )
     schedules = schedule_table(p, md)
     drop_routines_with(jobs)
-    return Tables(md, jobs, deps, meta, groups, workers, rate, releases, policy, schedules)
+    return Tables(md, jobs, deps, meta, groups, workers, rate, releases, policy, schedules,
+                  tags, sweeps)
 
 
 def schedule_table(p: str, md: MetaData) -> Table:

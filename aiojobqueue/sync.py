@@ -221,13 +221,14 @@ class SyncQueue:
         key: str | None = None,
         parent: JobRef | int | None = None,
         connection: Connection | Session | None = None,
+        tags: Iterable[str] | None = None,
     ) -> int:
         """Enqueue one job and return its id (with a live ``key``: the existing job's id),
         as ``JobQueue.enqueue`` does; ``connection``: see ``batch``."""
         b = self.batch(connection)
         ref = b.add(type, args, group=group, weight=weight, depends_on=depends_on,
                     run_after=run_after, priority=priority, timeout=timeout,
-                    max_attempts=max_attempts, key=key, parent=parent)
+                    max_attempts=max_attempts, key=key, parent=parent, tags=tags)
         b.commit()
         return ref.id
 
@@ -327,12 +328,13 @@ class SyncBatch:
         max_attempts: int | None = None,
         key: str | None = None,
         parent: JobRef | int | None = None,
+        tags: Iterable[str] | None = None,
     ) -> JobRef:
         """Add a job (see ``Batch.add``)."""
         return self._batch.add(
             type, args, group=group, weight=weight, depends_on=depends_on,
             run_after=run_after, priority=priority, timeout=timeout,
-            max_attempts=max_attempts, key=key, parent=parent)
+            max_attempts=max_attempts, key=key, parent=parent, tags=tags)
 
     def container(
         self,

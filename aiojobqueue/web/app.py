@@ -29,6 +29,7 @@ from ..errors import (
     JobNotFoundError,
     ScheduleNotFoundError,
 )
+from ..retention import last_sweep
 from . import dag as D
 from . import data as Q
 from . import policy as P
@@ -169,7 +170,8 @@ class Dashboard:
     # -- pages ------------------------------------------------------------------------------
     async def overview(self, request: Request) -> Response:
         level = await self.level(request)
-        return self.render(request, "overview.html", level, ov=await self.data.overview())
+        return self.render(request, "overview.html", level, ov=await self.data.overview(),
+                           sweep=await last_sweep(self.q._started().db))
 
     async def jobs(self, request: Request) -> Response:
         level = await self.level(request)

@@ -19,6 +19,7 @@ from .. import schema as S
 from ..errors import InvalidStateError, JobNotFoundError
 from ..models import JobState
 from ..stored_policy import VERSION_KEY
+from ..tags import tagged_ids
 from ..timeutil import db_now
 from . import views as V
 from .dagreads import DagReads, group_states
@@ -104,12 +105,25 @@ class Data(OverviewReads, DagReads):
             cond.append(cast(J.c.error, Text).icontains(f.q, autoescape=True))
         return cond
 
+    def _from(self, f: Filters, cols: Sequence[Any]) -> tuple[Any, Any]:
+        """SELECT ``cols`` FROM jobs, and the id column to range and order on: with a tag
+        filter, driven by the tags table's (tag, job_id) index (newest first, one index
+        range, however rare the tag), else by the jobs' primary key."""
+        J, T = self.t.jobs, self.t.tags
+        if f.tag is None:
+            return select(*cols), J.c.id
+        stmt = select(*cols).select_from(T).join(J, J.c.id == T.c.job_id)
+        return stmt.where(T.c.tag == f.tag), T.c.job_id
+
     async def jobs(self, f: Filters, before: int | None = None, limit: int = PAGE) -> JobPage:
         """The newest jobs matching ``f`` below id ``before``. A filtered page looks at
         WINDOW ids at most, so a filter matching few rows never scans the whole table; it
         then offers the next window (``next_before``)."""
         J = self.t.jobs
         cond = self._where(f)
+        base, idc = self._from(f, (J.c.id, J.c.type, J.c.kind, J.c.state, J.c.group_key,
+                                   J.c.attempts, J.c.parent_id, J.c.created_at,
+                                   J.c.finished_at, J.c.error))
 
         async def read(conn: AsyncConnection) -> JobPage:
             hi = before
@@ -118,15 +132,13 @@ class Data(OverviewReads, DagReads):
                 if top is None:
                     return JobPage([], None, None)
                 hi = int(top) + 1
-            where = [J.c.id < hi, *cond]
+            where = [idc < hi, *cond]
             lo: int | None = None
-            if cond:
+            if cond:  # (a tag alone is its own index range: no window needed)
                 lo = max(hi - V.WINDOW, 0)
-                where.append(J.c.id >= lo)
+                where.append(idc >= lo)
             rows = (await conn.execute(
-                select(J.c.id, J.c.type, J.c.kind, J.c.state, J.c.group_key, J.c.attempts,
-                       J.c.parent_id, J.c.created_at, J.c.finished_at, J.c.error)
-                .where(*where).order_by(J.c.id.desc()).limit(limit + 1))).all()
+                base.where(*where).order_by(idc.desc()).limit(limit + 1))).all()
             out = [JobRow(r.id, r.type, r.kind, r.state, r.group_key, r.attempts, r.parent_id,
                           r.created_at, r.finished_at, error_line(r.error)) for r in rows[:limit]]
             if len(rows) > limit:
@@ -151,6 +163,9 @@ class Data(OverviewReads, DagReads):
                  .order_by(J.c.id.desc()).limit(BULK_MAX + 1) for s in wanted]
 
         async def read(conn: AsyncConnection) -> list[int]:
+            if f.tag is not None:  # from the smaller side (see tags.tagged_ids)
+                return await tagged_ids(conn, J, self.t.tags, f.tag, wanted, BULK_MAX + 1,
+                                        cond)
             ids: list[int] = []
             for p in parts:  # one index range per state
                 ids += [r[0] for r in await conn.execute(p)]

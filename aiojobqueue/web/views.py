@@ -13,6 +13,7 @@ from sqlalchemy import literal_column
 from .. import schema as S
 from ..errors import InvalidJobError
 from ..models import Job, JobState
+from ..tags import check_tag
 
 #: Counts stop here: "10,000+" is as useful to an operator as the exact figure and costs a
 #: bounded index range instead of a scan of millions of rows.
@@ -132,6 +133,8 @@ class Filters:
     type: str | None = None
     parent: int | None = None
     q: str | None = None
+    #: jobs carrying this tag (aiojobqueue.tags)
+    tag: str | None = None
 
     @classmethod
     def parse(cls, params: Any) -> Filters:
@@ -153,12 +156,15 @@ class Filters:
         pid: int | None = None
         if parent is not None:
             pid = parse_id(parent, "parent")
-        return cls(state, text("group"), text("type"), pid, text("q"))
+        tag = text("tag")
+        return cls(state, text("group"), text("type"), pid, text("q"),
+                   None if tag is None else check_tag(tag))
 
     def items(self) -> dict[str, str]:
         """The filters that are set, as query parameters."""
         out = {"state": self.state, "group": self.group, "type": self.type,
-               "parent": None if self.parent is None else str(self.parent), "q": self.q}
+               "parent": None if self.parent is None else str(self.parent), "q": self.q,
+               "tag": self.tag}
         return {k: v for k, v in out.items() if v is not None}
 
     @property

@@ -23,6 +23,7 @@ from ..hooks import JobEvent
 from ..limits import local_budget, notify
 from ..logs import brief
 from ..periodic import run_schedules
+from ..retention import Sweeper
 from ..sql import lit
 from ..stored_policy import NOTIFY_PAYLOAD
 from ..timeutil import db_now
@@ -71,6 +72,8 @@ class Worker:
                     tg.create_task(self.outcomes.flusher()),
                     tg.create_task(db.resilient("reclaim", Reclaimer(core, state.wake).run)),
                 ]
+                if not until_idle:  # one worker at a time sweeps (it takes a lease)
+                    side.append(tg.create_task(db.resilient("retention", Sweeper(db).run)))
                 if core.schedules and not until_idle:
                     side.append(tg.create_task(db.resilient(
                         "periodic", lambda: run_schedules(
