@@ -113,8 +113,8 @@ class TaskBackend(compat.BaseTaskBackend):  # type: ignore[misc]
     # -- enqueue --------------------------------------------------------------------------
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
         """Insert the task's job (in Django's transaction inside ``atomic()``, where the
-        database driver allows it) and return its READY ``TaskResult``."""
-        self.validate_task(task)
+        database driver allows it) and return its READY ``TaskResult``. (The task was
+        validated when it was made: ``@task`` and ``.using()`` build a new one.)"""
         run_after = task.run_after
         if run_after is not None and timezone.is_naive(run_after):  # USE_TZ = False
             run_after = timezone.make_aware(run_after)
