@@ -11,7 +11,7 @@ direct ``SyncQueue.enqueue``, in the same run (one table each).
    median of the pairs' ratios. Target: backend >= 0.8x SyncQueue.
 
     PYTHONPATH=$PWD .venv/bin/python bench/django_plain.py [--db sqlite|postgresql|mariadb]
-        [--jobs 2000] [--reps 7] [--single 300]
+        [--jobs 2000] [--hreps 3] [--reps 7] [--single 300]
 
 Tables use the prefix ``djb_`` and are dropped at the end.
 """
@@ -90,14 +90,23 @@ async def handler_rate(url: str, kind: str, capacity: int, n: int) -> float:
     return n / took
 
 
-def handlers(url: str, n: int) -> None:
-    print(f"\n1. handlers: {n} jobs, one worker (jobs/s)")
-    print(f"{'capacity':>8} | {'kind':<12} | {'async':>8} | {'plain':>8} | plain/async")
+def handlers(url: str, n: int, reps: int) -> None:
+    print(f"\n1. handlers: {n} jobs, one worker; {reps} pairs (async then plain, or the "
+          "other way round) back to back: median jobs/s, median of the pairs' ratios")
+    print(f"{'capacity':>8} | {'kind':<6} | {'async':>7} | {'plain':>7} | plain/async")
     for cap in (10, 50):
         for what in ("no-op", "1 ms"):
-            a = asyncio.run(handler_rate(url, f"async {what}", cap, n))
-            p = asyncio.run(handler_rate(url, f"plain {what}", cap, n))
-            print(f"{cap:>8} | {what:<12} | {a:>8.0f} | {p:>8.0f} | {p / a:.2f}")
+            rates: dict[str, list[float]] = {"async": [], "plain": []}
+            ratios = []
+            for i in range(reps):
+                order = ("async", "plain") if i % 2 == 0 else ("plain", "async")
+                got = {k: asyncio.run(handler_rate(url, f"{k} {what}", cap, n)) for k in order}
+                for k, v in got.items():
+                    rates[k].append(v)
+                ratios.append(got["plain"] / got["async"])
+            a, p = statistics.median(rates["async"]), statistics.median(rates["plain"])
+            print(f"{cap:>8} | {what:<6} | {a:>7.0f} | {p:>7.0f} | "
+                  f"{statistics.median(ratios):.2f}")
 
 
 def enqueue(db: str, reps: int, n: int) -> None:
@@ -160,12 +169,13 @@ def main() -> None:
     ap.add_argument("--db", default="sqlite", choices=list(URLS))
     ap.add_argument("--jobs", type=int, default=2000)
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--hreps", type=int, default=3, help="pairs per handler row")
     ap.add_argument("--single", type=int, default=300)
     a = ap.parse_args()
     url = URLS[a.db]
     print(f"database: {a.db}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     try:
-        handlers(url, a.jobs)
+        handlers(url, a.jobs, a.hreps)
         enqueue(a.db, a.reps, a.single)
     finally:
         drop(url)

@@ -101,9 +101,9 @@ async def test_a_timed_out_threads_slot_stays_taken_until_it_returns(
 
     @q.handler("slow")
     def slow(ctx: ThreadContext, seconds: float) -> None:
-        log.append(("start", ctx.job_id, time.monotonic()))
+        log.append(("start", ctx.job_id, time.time()))
         time.sleep(seconds)
-        log.append(("end", ctx.job_id, time.monotonic()))
+        log.append(("end", ctx.job_id, time.time()))
 
     async with q:
         a = await q.enqueue("slow", {"seconds": 1.5}, timeout=0.3)
@@ -114,7 +114,9 @@ async def test_a_timed_out_threads_slot_stays_taken_until_it_returns(
     assert ja.error["type"] == "TimeoutError"
     assert jb.state == JobState.DONE
     at = {(ev, jid): t for ev, jid, t in log}
-    # b's attempt started only once a's thread had returned (capacity 1), well after the
-    # timeout failed a's attempt
+    # b was not even claimed until a's thread had returned (capacity 1: the slot stayed
+    # taken), well after the timeout failed a's attempt
+    assert jb.started_at is not None
+    assert jb.started_at.timestamp() >= at[("end", a)] - 0.05, (jb.started_at, at)
     assert at[("start", b)] >= at[("end", a)]
     assert at[("end", a)] - at[("start", a)] >= 1.4
