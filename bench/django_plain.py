@@ -3,8 +3,9 @@ direct ``SyncQueue.enqueue``, in the same run (one table each).
 
 1. Handlers: N jobs enqueued as one batch, then ``run_until_idle`` of one worker at
    capacity 10 and 50; jobs/s of a no-op handler and of one sleeping 1 ms
-   (``time.sleep`` in a plain handler, ``asyncio.sleep`` in an async one). Target: no-op
-   plain >= 0.5x no-op async.
+   (``time.sleep`` in a plain handler, ``asyncio.sleep`` in an async one), and the CPU
+   each job costs the process (all threads: steadier than the rate on a loaded machine).
+   Target: no-op plain >= 0.5x no-op async.
 2. Enqueue: ``--single`` enqueues one at a time through the Django backend
    (``add.enqueue(1, 2)``: Django's Task, its validation, our TaskResult) and through the
    backend's own SyncQueue (the same job), alternating in ``--reps`` pairs; medians and the
@@ -56,8 +57,9 @@ def drop(url: str) -> None:
     engine.dispose()
 
 
-async def handler_rate(url: str, kind: str, capacity: int, n: int) -> float:
-    """jobs/s of one worker running ``n`` jobs of one handler kind."""
+async def handler_rate(url: str, kind: str, capacity: int, n: int) -> tuple[float, float]:
+    """(jobs/s, this process's CPU microseconds per job: every thread's) of one worker
+    running ``n`` jobs of one handler kind."""
     q = JobQueue(url.replace("sqlite:", "sqlite+aiosqlite:", 1) if url.startswith("sqlite:")
                  else url, prefix=PREFIX, capacity=capacity, poll_interval=0.05)
 
@@ -83,30 +85,36 @@ async def handler_rate(url: str, kind: str, capacity: int, n: int) -> float:
         for _ in range(n):
             b.add("h")
         await b.commit()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         await q.run_until_idle()
-        took = time.perf_counter() - t0
+        took, cpu = time.perf_counter() - t0, time.process_time() - c0
     drop(url)
-    return n / took
+    return n / took, cpu / n * 1e6
 
 
 def handlers(url: str, n: int, reps: int) -> None:
     print(f"\n1. handlers: {n} jobs, one worker; {reps} pairs (async then plain, or the "
           "other way round) back to back: median jobs/s, median of the pairs' ratios")
-    print(f"{'capacity':>8} | {'kind':<6} | {'async':>7} | {'plain':>7} | plain/async")
+    print(f"{'capacity':>8} | {'kind':<6} | {'async':>7} | {'plain':>7} | plain/async | "
+          "CPU us/job async, plain | async/plain CPU")
     for cap in (10, 50):
         for what in ("no-op", "1 ms"):
             rates: dict[str, list[float]] = {"async": [], "plain": []}
-            ratios = []
+            cpus: dict[str, list[float]] = {"async": [], "plain": []}
+            ratios, cpu_ratios = [], []
             for i in range(reps):
                 order = ("async", "plain") if i % 2 == 0 else ("plain", "async")
                 got = {k: asyncio.run(handler_rate(url, f"{k} {what}", cap, n)) for k in order}
-                for k, v in got.items():
-                    rates[k].append(v)
-                ratios.append(got["plain"] / got["async"])
+                for k, (r, c) in got.items():
+                    rates[k].append(r)
+                    cpus[k].append(c)
+                ratios.append(got["plain"][0] / got["async"][0])
+                cpu_ratios.append(got["async"][1] / got["plain"][1])
             a, p = statistics.median(rates["async"]), statistics.median(rates["plain"])
+            ca, cp = statistics.median(cpus["async"]), statistics.median(cpus["plain"])
             print(f"{cap:>8} | {what:<6} | {a:>7.0f} | {p:>7.0f} | "
-                  f"{statistics.median(ratios):.2f}")
+                  f"{statistics.median(ratios):>11.2f} | {ca:>10.0f}, {cp:>5.0f} | "
+                  f"{statistics.median(cpu_ratios):.2f}")
 
 
 def enqueue(db: str, reps: int, n: int) -> None:
