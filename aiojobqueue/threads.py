@@ -17,12 +17,12 @@ threads at interpreter exit: one stuck handler would keep a stopped worker alive
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import queue
 import threading
 import weakref
 from collections.abc import Callable, Coroutine
-from concurrent.futures import Future
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -37,22 +37,43 @@ T = TypeVar("T")
 
 __all__ = ["LoopBatch", "ThreadContext", "call_plain", "close", "lingering"]
 
-_Item = tuple[Future[Any], Callable[[], Any]]
+_QUEUED, _RUNNING, _DONE, _DROPPED = range(4)
+
+
+class _Call:
+    """One handler call handed to a thread; ``state`` changes under the pool's lock."""
+
+    __slots__ = ("failed", "fn", "fut", "lingering", "outcome", "state")
+
+    def __init__(self, fn: Callable[[], Any], fut: asyncio.Future[Any]) -> None:
+        self.fn: Callable[[], Any] | None = fn
+        self.fut = fut
+        self.state = _QUEUED
+        self.outcome: Any = None
+        self.failed = False
+        self.lingering = False  # its attempt ended while it ran (counted in the pool's)
 
 
 class _Pool:
-    """At most ``size`` daemon threads, started as calls need them."""
+    """At most ``size`` daemon threads, started as calls need them. Calls that end are
+    handed back to the loop in batches: one ``call_soon_threadsafe`` (one wake-up of the
+    loop) for every call that ends while the loop has not yet taken the previous ones."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, loop: asyncio.AbstractEventLoop,
+                 on_freed: Callable[[], None]) -> None:
         self._size = size
-        self._q: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._loop = loop
+        self._on_freed = on_freed
+        self._q: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._threads = 0
         self._idle = 0  # threads waiting for work and not yet promised an item
+        self._ended: list[_Call] = []
+        self._handing = False  # a hand-over to the loop is scheduled
         self.lingering = 0  # threads whose attempt ended before they returned (loop only)
 
-    def submit(self, fn: Callable[[], Any]) -> Future[Any]:
-        f: Future[Any] = Future()
+    def submit(self, fn: Callable[[], Any]) -> _Call:
+        call = _Call(fn, self._loop.create_future())
         with self._lock:
             if self._idle:
                 self._idle -= 1  # that thread takes this item (any item: they are alike)
@@ -60,25 +81,62 @@ class _Pool:
                 self._threads += 1
                 threading.Thread(target=self._work, daemon=True,
                                  name=f"aiojobqueue-plain-{self._threads}").start()
-        self._q.put((f, fn))
-        return f
+        self._q.put(call)
+        return call
 
     def _work(self) -> None:
         while True:
-            item = self._q.get()
-            if item is None:
+            call = self._q.get()
+            if call is None:
                 return
-            f, fn = item
-            if f.set_running_or_notify_cancel():
+            with self._lock:
+                run = call.state == _QUEUED
+                if run:
+                    call.state = _RUNNING
+            fn, call.fn = call.fn, None
+            if run and fn is not None:
                 try:
-                    result = fn()
+                    call.outcome = fn()
                 except BaseException as exc:  # handed to the waiting attempt
-                    f.set_exception(exc)
-                else:
-                    f.set_result(result)
-            del item, f, fn  # (no reference to the last call's result while idle)
+                    call.outcome, call.failed = exc, True
+                with self._lock:
+                    call.state = _DONE
+                    self._ended.append(call)
+                    hand, self._handing = not self._handing, True
+                if hand:
+                    with contextlib.suppress(RuntimeError):  # (the loop is closed)
+                        self._loop.call_soon_threadsafe(self._hand_over)
+            del call, fn  # (no reference to the last call's result while idle)
             with self._lock:
                 self._idle += 1
+
+    def _hand_over(self) -> None:
+        """On the loop: the ended calls' outcomes to their awaiting attempts."""
+        with self._lock:
+            ended, self._ended, self._handing = self._ended, [], False
+        freed = False
+        for call in ended:
+            if call.lingering:
+                self.lingering -= 1
+                freed = True
+            elif not call.fut.done():
+                if call.failed:
+                    call.fut.set_exception(call.outcome)
+                else:
+                    call.fut.set_result(call.outcome)
+            call.outcome = None
+        if freed:
+            self._on_freed()  # the worker fills the slot
+
+    def abandon(self, call: _Call) -> None:
+        """On the loop, when the attempt ended first: a call not started never runs; one
+        running keeps its slot (``lingering``) until it returns."""
+        with self._lock:
+            if call.state == _QUEUED:
+                call.state = _DROPPED
+            elif call.state == _RUNNING:
+                call.lingering = True
+                self.lingering += 1
 
     def close(self) -> None:
         """Idle threads exit; busy ones when their call returns."""
@@ -109,25 +167,19 @@ async def call_plain(core: Core, fn: Callable[..., Any], ctx: JobContext,
     """``fn(ThreadContext(ctx), **args)`` in a worker thread; its result or exception. If
     this await ends first (timeout, cancellation) the thread is counted as lingering until
     it returns, then the worker is woken to fill the slot."""
+    loop = asyncio.get_running_loop()
     pool = _pools.get(core)
     if pool is None:
-        pool = _pools[core] = _Pool(core.settings.capacity)
-    loop = asyncio.get_running_loop()
+        pool = _pools[core] = _Pool(core.settings.capacity, loop, core.signals.wake)
     tctx = ThreadContext(ctx, loop)
     run = contextvars.copy_context().run  # (tracing and logging context, as a task has)
-    cf = pool.submit(lambda: run(fn, tctx, **args))
+    call = pool.submit(lambda: run(fn, tctx, **args))
     try:
-        return await asyncio.wrap_future(cf)
+        return await call.fut
     except BaseException:
-        if not cf.done():  # the thread runs on: its slot stays taken until it returns
-            pool.lingering += 1
-            cf.add_done_callback(lambda _: loop.call_soon_threadsafe(_freed, core, pool))
+        if call.fut.cancelled() or not call.fut.done():  # not the handler's own exception
+            pool.abandon(call)
         raise
-
-
-def _freed(core: Core, pool: _Pool) -> None:
-    pool.lingering -= 1
-    core.signals.wake()  # the worker fills the slot
 
 
 class ThreadContext:
