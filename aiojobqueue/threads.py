@@ -11,7 +11,11 @@ shutdown), the attempt's outcome is written as usual, and the thread is counted 
 *lingering* until it returns: the worker's free slots are ``capacity`` minus its running
 attempts minus its lingering threads, so caps stay true. The threads are daemon threads
 of a pool of this module's own (``concurrent.futures.ThreadPoolExecutor`` joins its
-threads at interpreter exit: one stuck handler would keep a stopped worker alive).
+threads at interpreter exit: one stuck handler would keep a stopped worker alive), which
+hands ended calls back to the loop in batches: one ``call_soon_threadsafe`` for all the
+calls that end before the loop takes them (measured: a no-op plain job then costs the
+process about the CPU of an async one at capacity 50, where one hand-over per call cost
+70% more; bench/django_plain.py).
 """
 
 from __future__ import annotations
