@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from . import threads
 from .actions import Actions
 from .claim import Claimer
 from .claimed import Claimed
@@ -128,6 +129,7 @@ async def close_core(core: Core) -> None:
     sweep's), then the dialect gives back what it holds, then the engine aiojobqueue built
     is disposed of (a passed-in one is left alone)."""
     await core.splits.close()
+    threads.close(core)
     await core.db.ops.release()
     if core.owns_engine:
         await core.db.engine.dispose()

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select, update
 
-from . import progress, tracing
+from . import progress, threads, tracing
 from . import schema as S
 from .batch import Batch, check_json
 from .claimed import Claimed
@@ -169,7 +169,8 @@ async def run_attempt(core: Core, c: Claimed, reasons: Reasons,
     outcome: Outcome | None
     try:
         async with tmo:
-            result = await spec.fn(ctx, **c.args)
+            result = await (threads.call_plain(core, spec.fn, ctx, c.args) if spec.plain
+                            else spec.fn(ctx, **c.args))
     except asyncio.CancelledError:
         reason = reasons.get((c.id, c.attempt))
         if reason is None:

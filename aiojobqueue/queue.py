@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from functools import partial
 from types import TracebackType
@@ -30,7 +30,7 @@ from .errors import (
 )
 from .executor import JobContext
 from .explain import Explanation, explain
-from .handlers import Handler, HandlerSpec, RetryOn, registrar
+from .handlers import Handler, HandlerSpec, Register, RetryOn, registrar
 from .hooks import Hooks
 from .insert import Inserter
 from .limits import Limit, RateLimit
@@ -178,8 +178,10 @@ class JobQueue:
         timeout: float | None = None,
         max_attempts: int | None = None,
         retry_on: RetryOn = Exception,
-    ) -> Callable[[Callable[P, Coroutine[Any, Any, R]]], Handler[P, R]]:
-        """Register ``async def fn(ctx, **args)`` as the handler of jobs of ``type``.
+    ) -> Register:
+        """Register ``async def fn(ctx, **args)`` as the handler of jobs of ``type`` (or a
+        plain ``def fn(ctx, **args)``: it runs in a worker thread, at most ``capacity`` at
+        once, with a synchronous ``ctx``: see threads.ThreadContext).
 
         ``timeout`` and ``max_attempts`` are the type's defaults (an enqueue may override
         them). ``retry_on``: the exception classes worth another attempt (default: every

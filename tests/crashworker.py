@@ -14,6 +14,10 @@ Handlers (args in brackets):
   die_after_end            returns, but the process is SIGKILLed before it can finalize
                            (attempt 1 only)
   chaos [ms]               sleep ms milliseconds; returns its dependencies' (job, attempt)
+  spin [seconds]           a plain ``def``: spins in pure Python (holds the GIL) in a worker
+                           thread, reporting progress from the thread every 0.2 s
+  plain_sleep [seconds]    a plain ``def``: time.sleep in a worker thread; logs ``thread_end``
+                           when the thread returns (also after its attempt timed out)
 
 ``--split N`` lowers the least part of a wide fan-out released by its finalize (PostgreSQL's
 split release, see fanout.SPLIT), and each split is logged as a ``split`` event;
@@ -43,6 +47,7 @@ from aiojobqueue import JobContext, JobEvent, JobQueue, fanout, retention
 from aiojobqueue.claim import Claimer
 from aiojobqueue.fanout import SplitReleases
 from aiojobqueue.runner import run_worker
+from aiojobqueue.threads import ThreadContext
 
 _fd = -1
 _wid = ""
@@ -119,6 +124,26 @@ def build(args: argparse.Namespace) -> JobQueue:
         await asyncio.sleep(ms / 1000)
         event("end", job=ctx.job_id, attempt=ctx.attempt)
         return result(ctx, deps={str(k): [v["job"], v["attempt"]] for k, v in got.items()})
+
+    @q.handler("spin")
+    def spin(ctx: ThreadContext, seconds: float) -> dict[str, Any]:
+        event("start", job=ctx.job_id, attempt=ctx.attempt)
+        end = time.monotonic() + seconds
+        next_report, n = 0.0, 0
+        while (now := time.monotonic()) < end:
+            n += 1  # pure Python: the GIL is only given up at each switch interval
+            if now >= next_report:
+                ctx.progress(seconds - (end - now), seconds)
+                next_report = now + 0.2
+        event("end", job=ctx.job_id, attempt=ctx.attempt)
+        return result(ctx, spins=n)
+
+    @q.handler("plain_sleep")
+    def plain_sleep(ctx: ThreadContext, seconds: float) -> dict[str, Any]:
+        event("start", job=ctx.job_id, attempt=ctx.attempt)
+        time.sleep(seconds)
+        event("thread_end", job=ctx.job_id, attempt=ctx.attempt)
+        return result(ctx)
 
     def hook(name: str) -> Any:
         def fn(e: JobEvent) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from .. import schema as S
+from .. import threads
 from ..claimed import Claimed
 from ..core import Core
 from ..executor import run_attempt
@@ -129,7 +130,7 @@ class Worker:
                 if state.held:
                     await self._give_back_held()
                 usual = s.capacity + rnd.prefetch(self.state.avg_run)
-                want = usual - self._active - len(state.buffer)
+                want = usual - self._active - len(state.buffer) - threads.lingering(self.core)
                 want = await local_budget(s.local_limits, want)
                 # No new leases while this worker cannot renew the ones it has.
                 if not types or not self.leases.healthy():
@@ -177,7 +178,7 @@ class Worker:
     # -- dispatch -------------------------------------------------------------------------
     def _fill(self) -> None:
         """Start leased jobs while handler slots are free."""
-        state, cap = self.state, self.core.settings.capacity
+        state, cap = self.state, self.core.settings.capacity - threads.lingering(self.core)
         while state.buffer and self._active < cap and not state.stopping:
             c, leased_at = state.buffer.popleft()
             self._start(c, leased_at)
@@ -249,7 +250,8 @@ class Worker:
         the outcome is written, which now makes the held row ``running`` first), while a
         handler slot is free. Not an outcome whose earlier write may have committed (its row
         may no longer count)."""
-        state, out, cap = self.state, self.outcomes, self.core.settings.capacity
+        state, out = self.state, self.outcomes
+        cap = self.core.settings.capacity - threads.lingering(self.core)
         for i, o in enumerate(out.outbox):
             if not state.held or self._active >= cap:
                 return
