@@ -166,7 +166,7 @@ def citations(doc: Path) -> list[tuple[str, str]]:
             if PATH.match(token) and ("/" in token or token.endswith((".py", ".sql"))):
                 found.append(("path", token))
         span = span.strip()
-        if DOTTED.match(span) and not re.search(r"\.(db|py|md|sql|json|txt)$", span):
+        if DOTTED.match(span) and not re.search(r"\.(db|py|md|sql|json|txt|sh)$", span):
             found.append(("name", span))
         elif CALL.match(span):
             found.append(("call", span))
