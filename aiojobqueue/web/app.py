@@ -177,13 +177,16 @@ class Dashboard:
     async def dag(self, request: Request) -> Response:
         level = await self.level(request)
         jid = _job_id(request)
-        graph = await self.data.dag(jid)
-        lay = D.layout(graph)
+        expand = request.query_params.get("expand") == "all"  # a collapsed group's link
+        graph = await self.data.dag(jid, children=V.DAG_FETCH if expand else None)
+        lay = D.layout(graph, expand=expand)
         job_url = str(request.url_for("dag", job_id=0)).replace("/0/dag", "/{id}/dag")
-        picture = D.svg(graph, lay, job_url)
+        all_url = str(request.url_for("dag", job_id=jid)) + "?expand=all"
+        picture = D.svg(graph, lay, job_url, None if expand else all_url)
         counts = Q.group_states(graph.nodes.values())
         return self.render(request, "dag.html", level, g=graph, lay=lay, picture=picture,
-                           focus=graph.nodes[jid], counts=counts)
+                           focus=graph.nodes[jid], counts=counts, expand=expand,
+                           all_url=all_url)
 
     async def workers(self, request: Request) -> Response:
         level = await self.level(request)
