@@ -93,11 +93,7 @@ class DagReads(Reader):
                 got = await fetch(m for m in missing if m is not None)
                 missing = {n.parent_id for n in got} - nodes.keys() - {None}
                 rounds += 1
-            for cid in sorted(over):  # counted last: the closures may have fetched some
-                shown = [n.id for n in nodes.values() if n.parent_id == cid]
-                counts = await self._hidden(conn, cid, shown)
-                if counts:
-                    hidden[cid] = counts
+            hidden.update(await self._hidden_of(conn, over, nodes))
             ids = sorted(nodes)
             edges: list[tuple[int, int]] = []
             for i in range(0, len(ids), 500):
@@ -109,6 +105,18 @@ class DagReads(Reader):
             return Graph(job_id, nodes, edges, hidden, truncated or len(nodes) >= DAG_FETCH)
 
         return await self._read(read)
+
+    async def _hidden_of(self, conn: AsyncConnection, over: set[int],
+                         nodes: dict[int, Node]) -> dict[int, dict[str, int]]:
+        """The children not fetched of each container in ``over``, counted by state: last,
+        as the closures may have fetched some of those its expansion left out."""
+        out = {}
+        for cid in sorted(over):
+            shown = [n.id for n in nodes.values() if n.parent_id == cid]
+            counts = await self._hidden(conn, cid, shown)
+            if counts:
+                out[cid] = counts
+        return out
 
     async def _hidden(self, conn: AsyncConnection, cid: int, shown: list[int]) -> dict[str, int]:
         """State counts of a container's children not drawn (capped per state)."""
