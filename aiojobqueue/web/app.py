@@ -25,6 +25,7 @@ from starlette.staticfiles import StaticFiles
 from ..errors import ConfigurationError, InvalidJobError, InvalidStateError, JobNotFoundError
 from . import dag as D
 from . import data as Q
+from . import times as T
 from . import views as V
 from .live import Hub
 
@@ -66,7 +67,8 @@ class Dashboard:
         self.env = Environment(loader=PackageLoader("aiojobqueue.web", "templates"),
                                autoescape=select_autoescape(["html"]), trim_blocks=True,
                                lstrip_blocks=True)
-        self.env.filters.update(ago=_ago, dur=_dur, when=_when, pretty=_pretty)
+        self.env.filters.update(ago=_ago, dur=_dur, when=_when, pretty=_pretty, rel=T.rel,
+                                times=T.times)
         self.env.globals.update(STATES=V.STATES, CAP=V.CAP, GROUP_CAP=V.GROUP_CAP)
         routes = [
             Route("/", self.overview, name="overview"),
@@ -170,9 +172,8 @@ class Dashboard:
     async def job(self, request: Request) -> Response:
         level = await self.level(request)
         jid = _job_id(request)
-        detail = await self.data.job(jid)
-        why = await self._explain(jid)
-        return self.render(request, "job.html", level, d=detail, j=detail.job, why=why)
+        detail = await self.data.job(jid)  # one read: state, facts and why agree
+        return self.render(request, "job.html", level, d=detail, j=detail.job, why=detail.why)
 
     async def dag(self, request: Request) -> Response:
         level = await self.level(request)
@@ -237,19 +238,6 @@ class Dashboard:
         return self.render(request, "done.html", "full", f=f, action=action,
                            changed=changed, problems=problems, more=count.capped)
 
-    async def _explain(self, job_id: int) -> Any:
-        """``queue.explain(id)`` where the queue has it: the reasons in words."""
-        explain = getattr(self.q, "explain", None)
-        if explain is None:
-            return None
-        try:
-            return await explain(job_id)
-        except JobNotFoundError:
-            raise
-        except Exception as exc:  # the page still shows everything else
-            log.warning("explain(%s) failed: %s", job_id, exc)
-            return None
-
     # -- JSON -------------------------------------------------------------------------------
     async def api_overview(self, request: Request) -> Response:
         await self.level(request)
@@ -264,7 +252,8 @@ class Dashboard:
         await self.level(request)
         jid = _job_id(request)
         detail = await self.data.job(jid)
-        why = await self._explain(jid)
+        why = detail.why
+        detail.why = None
         out = _plain(detail)
         out["explain"] = None if why is None else {
             "text": str(why), "reasons": _plain(getattr(why, "reasons", []))}

@@ -216,6 +216,8 @@ class JobDetail:
     dependents_more: bool
     dependencies: list[tuple[int, str, str]]
     now: datetime
+    #: ``explain()`` of the same row (None where it failed: the page shows the rest).
+    why: Any = None
 
 
 @dataclass
