@@ -93,7 +93,7 @@ async def test_times_are_in_words_and_headings_read_right(
             r = await c.post(f"/jobs/{jid}/retry", headers={"Sec-Fetch-Site": "same-origin"})
             assert r.status_code in (200, 303), r.text
             page = (await c.get(f"/jobs/{jid}")).text
-            state, why, attempts, limit = page_facts(page)
+            state, _why, attempts, limit = page_facts(page)
             assert state in ("ready", "scheduled") and (attempts, limit) == (2, 4)
             assert "retried by hand: 2 more each time" in page
             assert "Why it is not running yet" in page
