@@ -78,7 +78,7 @@ async def test_times_are_in_words_and_headings_read_right(
         await q.run_until_idle()
         async with client(q) as c:
             page = (await c.get(f"/jobs/{jid}")).text
-            state, why, attempts, limit = page_facts(page)
+            state, _why, attempts, limit = page_facts(page)
             assert (state, attempts, limit) == ("failed", 2, 2)
             assert "How it ended" in page and "Why it is failed" not in page
             assert "per round" not in page and "retried by hand" not in page
