@@ -30,7 +30,7 @@ from conftest import server_url
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
@@ -164,9 +164,10 @@ def free_port() -> int:
 
 def start(nc: Newcomer, command: str, cwd: Path, log: Path) -> subprocess.Popen[str]:
     env = {**nc.env, "PATH": f"{nc.bin}:{nc.env['PATH']}", "VIRTUAL_ENV": str(nc.bin.parent)}
-    return subprocess.Popen(["bash", "-c", f"exec {command}"], cwd=cwd, env=env, text=True,
-                            stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    with log.open("w") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(["bash", "-c", f"exec {command}"], cwd=cwd, env=env,
+                                text=True, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
 
 
 def stop(proc: subprocess.Popen[str]) -> None:
