@@ -14,6 +14,7 @@ from .errors import (
     NotJSONError,
     NotStartedError,
     PermanentError,
+    ScheduleNotFoundError,
     SchemaError,
     UnsupportedDatabaseError,
 )
@@ -26,6 +27,7 @@ from .models import Job, JobState
 from .queue import JobQueue
 from .schema import metadata
 from .sync import SyncBatch, SyncQueue
+from .tags import InvalidTagError
 
 __all__ = [
     "AioJobQueueError",
@@ -37,6 +39,7 @@ __all__ = [
     "Handler",
     "InvalidJobError",
     "InvalidStateError",
+    "InvalidTagError",
     "Job",
     "JobCancelled",
     "JobContext",
@@ -53,6 +56,7 @@ __all__ = [
     "PermanentError",
     "RateLimit",
     "Reason",
+    "ScheduleNotFoundError",
     "SchemaError",
     "SyncBatch",
     "SyncQueue",

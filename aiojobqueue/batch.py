@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from .errors import InvalidJobError, JobNotFoundError, NotJSONError
 from .handlers import Handler
+from .tags import check_tags
 
 if TYPE_CHECKING:
     from .handlers import HandlerSpec
@@ -98,6 +99,8 @@ class _Spec:
     cancelled_by: int | None = None
     #: the enqueuer's W3C trace context as JSON text (aiojobqueue.tracing), else None
     trace: str | None = None
+    #: the job's tags (aiojobqueue.tags), checked
+    tags: tuple[str, ...] = ()
 
 
 class Batch:
@@ -132,6 +135,7 @@ class Batch:
         max_attempts: int | None = None,
         key: str | None = None,
         parent: Ref | None = None,
+        tags: Iterable[str] | None = None,
     ) -> JobRef:
         """Add a job; returns a ref usable in ``depends_on``/``parent`` of later adds (its
         ``.id`` once the batch has been inserted).
@@ -140,11 +144,16 @@ class Batch:
         type this queue has a handler for) ``args`` must fit its signature, else
         InvalidJobError naming the argument. Without ``group`` or ``weight`` a child of a
         container takes its container's, any other job the queue's ``default_group`` and 1.
+        ``tags``: labels to find the job by (aiojobqueue.tags; InvalidTagError on a bad one).
         See ``JobQueue.enqueue`` for the other options."""
-        return self._add(
+        labels = check_tags(tags) if tags is not None else ()  # before anything is added
+        ref = self._add(
             type, {} if args is None else args, False, group, weight, depends_on, run_after,
             priority, timeout, max_attempts, key, parent,
         )
+        if labels:
+            self._specs[-1].tags = labels
+        return ref
 
     def container(
         self,

@@ -62,6 +62,8 @@ class Job:
     errors: tuple[dict[str, Any], ...] = field(default=())
     #: How many failed attempts older than those in ``errors`` were dropped.
     errors_omitted: int = 0
+    #: The job's tags (``enqueue(..., tags=[...])``), sorted.
+    tags: tuple[str, ...] = ()
 
     @property
     def terminal(self) -> bool:

@@ -19,6 +19,10 @@ Handlers (args in brackets):
 split release, see fanout.SPLIT), and each split is logged as a ``split`` event;
 ``--stall-rest`` leaves the rest of each split unreleased by this process (as if it died
 right after the finalize), for another worker's sweep to finish.
+
+``--retention JSON`` declares a retention (``{"done": seconds, ...}``); ``--sweep-every``,
+``--sweep-ttl``, ``--sweep-batch``, ``--sweep-pause`` set the sweep's pace, and each committed
+batch of the sweep is logged as a ``swept`` event with its ids.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from aiojobqueue import JobContext, JobEvent, JobQueue, fanout
+from aiojobqueue import JobContext, JobEvent, JobQueue, fanout, retention
 from aiojobqueue.claim import Claimer
 from aiojobqueue.fanout import SplitReleases
 from aiojobqueue.runner import run_worker
@@ -54,7 +58,20 @@ def build(args: argparse.Namespace) -> JobQueue:
         args.url, prefix=args.prefix, lease_ttl=args.ttl, heartbeat_interval=args.hb,
         poll_interval=args.poll, shutdown_timeout=args.shutdown_timeout, capacity=args.capacity,
         retry_backoff=0.01, retry_backoff_max=0.05,
+        retention=json.loads(args.retention) if args.retention else None,
     )
+    if args.sweep_every:  # the retention sweep's pace (test_retention_procs.py)
+        retention.EVERY, retention.TTL = args.sweep_every, args.sweep_ttl
+        retention.BATCH, retention.PAUSE = args.sweep_batch, args.sweep_pause
+
+        class Swept(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                if hasattr(record, "ids"):
+                    event("swept", ids=record.ids)
+
+        lg = logging.getLogger("aiojobqueue.retention")
+        lg.addHandler(Swept())
+        lg.setLevel(logging.DEBUG)
 
     def result(ctx: JobContext, **extra: Any) -> dict[str, Any]:
         return {"job": ctx.job_id, "attempt": ctx.attempt, "pid": os.getpid(), **extra}
@@ -156,6 +173,11 @@ async def main() -> None:
     ap.add_argument("--capacity", type=int, default=4)
     ap.add_argument("--split", type=int, default=0)
     ap.add_argument("--stall-rest", type=int, default=0)
+    ap.add_argument("--retention", default="")
+    ap.add_argument("--sweep-every", type=float, default=0.0)
+    ap.add_argument("--sweep-ttl", type=float, default=2.0)
+    ap.add_argument("--sweep-batch", type=int, default=100)
+    ap.add_argument("--sweep-pause", type=float, default=0.05)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s [{os.getpid()}] %(name)s %(levelname)s %(message)s")

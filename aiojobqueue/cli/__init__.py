@@ -15,6 +15,8 @@ One module per job:
 - ``queries``  ``status``, ``jobs``, ``show``
 - ``explain``  ``explain``
 - ``actions``  ``retry``, ``cancel``, ``migrate``, ``prune``
+- ``policy``   ``policy``, ``policy set``, ``group set``, ``pause``, ``resume``
+- ``schedules`` ``schedules``, ``schedule pause|resume|trigger``
 - ``dashboard`` ``dashboard`` (the web dashboard, from ``aiojobqueue.web``)
 
 Adding a command (say ``graph``): write ``aiojobqueue/cli/graph.py`` with an
@@ -30,7 +32,8 @@ import importlib
 from .app import app, main
 
 #: The command modules; importing one registers its commands on ``app``.
-COMMANDS = ("demo", "worker", "queries", "explain", "actions", "dashboard")
+COMMANDS = ("demo", "worker", "queries", "explain", "actions", "policy", "schedules",
+            "dashboard")
 for _name in COMMANDS:
     importlib.import_module(f"{__name__}.{_name}")
 
