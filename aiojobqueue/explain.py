@@ -115,13 +115,16 @@ def _jsonable(v: Any) -> Any:
 
 
 # -- explain ----------------------------------------------------------------------------------
-async def explain(core: Core, job_id: int) -> Explanation:
-    """Why ``job_id`` is not running now (``JobQueue.explain``). Raises JobNotFoundError."""
+async def explain(core: Core, job_id: int, conn: AsyncConnection | None = None,
+                  given: Any = None) -> Explanation:
+    """Why ``job_id`` is not running now (``JobQueue.explain``). Raises JobNotFoundError.
+    With ``conn`` and ``given`` (the job's row as the caller read it on ``conn``), it explains
+    that very row: a page shows the job's state, facts and explanation of one moment."""
     s, db = core.settings, core.db
     J = db.t.jobs
 
     async def read(conn: AsyncConnection) -> Explanation:
-        row = (await conn.execute(select(J).where(J.c.id == job_id))).first()
+        row = given or (await conn.execute(select(J).where(J.c.id == job_id))).first()
         if row is None:
             raise JobNotFoundError(f"no job with id {job_id}")
         now = (await conn.execute(select(db_now()))).scalar_one()
@@ -140,7 +143,7 @@ async def explain(core: Core, job_id: int) -> Explanation:
             reasons = await _held(s, db, conn, row, now, core.claimer.cursor)
         return Explanation(row.id, row.type, row.group_key, JobState(state), reasons)
 
-    return await db.read(read)
+    return await (read(conn) if conn is not None else db.read(read))
 
 
 def _terminal(row: Any) -> Reason:

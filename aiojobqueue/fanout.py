@@ -22,8 +22,10 @@ server-side routine (PostgreSQL, ``dialects/postgresql/``), that call splits the
 5. **Close.** ``JobQueue.close`` lets rest calls in flight land first (a part left: a
    sweep's).
 
-The routine itself is ``dialects/postgresql/settle.sql``; its split parameters are SPLIT and
-PART below (tests lower SPLIT to split small fan-outs).
+The routines are built by ``dialects/postgresql/routines.py`` (``settle_routine``) from the
+bodies ``finish.sql`` (the in-line split: ``split.sql``) and ``rest.sql`` beside it, and
+installed by ``migrate.install_routines``; their split parameters are SPLIT and PART below
+(tests lower SPLIT to split small fan-outs).
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from ..retention import last_sweep
 from . import dag as D
 from . import data as Q
 from . import policy as P
+from . import times as T
 from . import views as V
 from .live import Hub
 
@@ -74,7 +75,8 @@ class Dashboard:
         self.env = Environment(loader=PackageLoader("aiojobqueue.web", "templates"),
                                autoescape=select_autoescape(["html"]), trim_blocks=True,
                                lstrip_blocks=True)
-        self.env.filters.update(ago=_ago, dur=_dur, when=_when, pretty=_pretty)
+        self.env.filters.update(ago=_ago, dur=_dur, when=_when, pretty=_pretty, rel=T.rel,
+                                times=T.times)
         self.env.globals.update(STATES=V.STATES, CAP=V.CAP, GROUP_CAP=V.GROUP_CAP)
         routes = [
             Route("/", self.overview, name="overview"),
@@ -183,20 +185,22 @@ class Dashboard:
     async def job(self, request: Request) -> Response:
         level = await self.level(request)
         jid = _job_id(request)
-        detail = await self.data.job(jid)
-        why = await self._explain(jid)
-        return self.render(request, "job.html", level, d=detail, j=detail.job, why=why)
+        detail = await self.data.job(jid)  # one read: state, facts and why agree
+        return self.render(request, "job.html", level, d=detail, j=detail.job, why=detail.why)
 
     async def dag(self, request: Request) -> Response:
         level = await self.level(request)
         jid = _job_id(request)
-        graph = await self.data.dag(jid)
-        lay = D.layout(graph)
+        expand = request.query_params.get("expand") == "all"  # a collapsed group's link
+        graph = await self.data.dag(jid, children=V.DAG_FETCH if expand else None)
+        lay = D.layout(graph, expand=expand)
         job_url = str(request.url_for("dag", job_id=0)).replace("/0/dag", "/{id}/dag")
-        picture = D.svg(graph, lay, job_url)
+        all_url = str(request.url_for("dag", job_id=jid)) + "?expand=all"
+        picture = D.svg(graph, lay, job_url, None if expand else all_url)
         counts = Q.group_states(graph.nodes.values())
         return self.render(request, "dag.html", level, g=graph, lay=lay, picture=picture,
-                           focus=graph.nodes[jid], counts=counts)
+                           focus=graph.nodes[jid], counts=counts, expand=expand,
+                           all_url=all_url)
 
     async def workers(self, request: Request) -> Response:
         level = await self.level(request)
@@ -264,19 +268,6 @@ class Dashboard:
             raise HTTPException(404, f"no schedule action {action!r}")
         return RedirectResponse(request.url_for("schedules"), 303)
 
-    async def _explain(self, job_id: int) -> Any:
-        """``queue.explain(id)`` where the queue has it: the reasons in words."""
-        explain = getattr(self.q, "explain", None)
-        if explain is None:
-            return None
-        try:
-            return await explain(job_id)
-        except JobNotFoundError:
-            raise
-        except Exception as exc:  # the page still shows everything else
-            log.warning("explain(%s) failed: %s", job_id, exc)
-            return None
-
     # -- JSON -------------------------------------------------------------------------------
     async def api_overview(self, request: Request) -> Response:
         await self.level(request)
@@ -291,7 +282,8 @@ class Dashboard:
         await self.level(request)
         jid = _job_id(request)
         detail = await self.data.job(jid)
-        why = await self._explain(jid)
+        why = detail.why
+        detail.why = None
         out = _plain(detail)
         out["explain"] = None if why is None else {
             "text": str(why), "reasons": _plain(getattr(why, "reasons", []))}

@@ -19,11 +19,13 @@ from .views import DAG_FETCH, STATES, Graph, Node, lit
 class DagReads(Reader):
     """The DAG page's reads (a part of ``data.Data``)."""
 
-    async def dag(self, job_id: int) -> Graph:
+    async def dag(self, job_id: int, children: int | None = None) -> Graph:
         """The DAG around a job: the whole content of its outermost container (or of the job
         if it is one), its upstream and downstream closures, and the containers of every node
-        fetched. Bounded by DAG_FETCH nodes and DAG_CHILDREN children per container."""
+        fetched. Bounded by DAG_FETCH nodes and ``children`` per container (the page drawing
+        everything asks for DAG_FETCH)."""
         J, D = self.t.jobs, self.t.deps
+        children = V.DAG_CHILDREN if children is None else children
         cols = (J.c.id, J.c.type, J.c.kind, J.c.state, J.c.parent_id, J.c.group_key)
 
         async def read(conn: AsyncConnection) -> Graph:
@@ -50,6 +52,7 @@ class DagReads(Reader):
                     break
                 root = got[0]
             hidden: dict[int, dict[str, int]] = {}
+            over: set[int] = set()  # containers with more children than fetched by expand
             expanded: set[int] = set()
 
             async def expand(level: list[int]) -> None:
@@ -62,16 +65,15 @@ class DagReads(Reader):
                         expanded.add(cid)
                         kids = (await conn.execute(
                             select(*cols).where(J.c.parent_id == cid).order_by(J.c.id)
-                            .limit(V.DAG_CHILDREN + 1))).all()
-                        for r in kids[:V.DAG_CHILDREN]:
+                            .limit(children + 1))).all()
+                        for r in kids[:children]:
                             if r.id not in nodes:
                                 nodes[r.id] = Node(r.id, r.type, r.kind, r.state, r.parent_id,
                                                    r.group_key)
                             if r.kind == S.CONTAINER:
                                 nxt.append(r.id)
-                        if len(kids) > V.DAG_CHILDREN:
-                            hidden[cid] = await self._hidden(
-                                conn, cid, [r.id for r in kids[:V.DAG_CHILDREN]])
+                        if len(kids) > children:
+                            over.add(cid)
                     level = nxt
 
             truncated = False
@@ -91,6 +93,7 @@ class DagReads(Reader):
                 got = await fetch(m for m in missing if m is not None)
                 missing = {n.parent_id for n in got} - nodes.keys() - {None}
                 rounds += 1
+            hidden.update(await self._hidden_of(conn, over, nodes))
             ids = sorted(nodes)
             edges: list[tuple[int, int]] = []
             for i in range(0, len(ids), 500):
@@ -102,6 +105,18 @@ class DagReads(Reader):
             return Graph(job_id, nodes, edges, hidden, truncated or len(nodes) >= DAG_FETCH)
 
         return await self._read(read)
+
+    async def _hidden_of(self, conn: AsyncConnection, over: set[int],
+                         nodes: dict[int, Node]) -> dict[int, dict[str, int]]:
+        """The children not fetched of each container in ``over``, counted by state: last,
+        as the closures may have fetched some of those its expansion left out."""
+        out = {}
+        for cid in sorted(over):
+            shown = [n.id for n in nodes.values() if n.parent_id == cid]
+            counts = await self._hidden(conn, cid, shown)
+            if counts:
+                out[cid] = counts
+        return out
 
     async def _hidden(self, conn: AsyncConnection, cid: int, shown: list[int]) -> dict[str, int]:
         """State counts of a container's children not drawn (capped per state)."""

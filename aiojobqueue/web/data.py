@@ -9,6 +9,7 @@ Writes go through the public ``JobQueue.retry`` / ``JobQueue.cancel`` only (see 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .. import schema as S
 from ..errors import InvalidStateError, JobNotFoundError
+from ..explain import explain
 from ..models import JobState
+from ..snapshot import to_job
 from ..stored_policy import VERSION_KEY
 from ..tags import tagged_ids
 from ..timeutil import db_now
@@ -51,6 +54,8 @@ from .views import (
 
 if TYPE_CHECKING:
     from ..queue import JobQueue
+
+log = logging.getLogger("aiojobqueue")
 
 #: The names the pages and tests read from here (``data.Count``, ``data.Filters``...).
 __all__ = [
@@ -176,34 +181,26 @@ class Data(OverviewReads, DagReads):
 
     # -- one job ----------------------------------------------------------------------------
     async def job(self, job_id: int) -> JobDetail:
-        """A job with what its page shows. Raises JobNotFoundError."""
-        job = await self.q.get(job_id)
+        """A job with what its page shows, all of it from one read of its row: the state,
+        the facts and the explanation never mix two moments. Raises JobNotFoundError."""
         J, D, W = self.t.jobs, self.t.deps, self.t.workers
-        extra = [J.c.checkpoint, J.c.timeout, J.c.attempt_limit, J.c.cancel_requested,
-                 J.c.lease_expires]
-        optional = [J.c[n] for n in ("progress", "errors") if n in J.c]
 
         async def read(conn: AsyncConnection) -> JobDetail:
             now = (await conn.execute(select(db_now()))).scalar_one()
-            row = (await conn.execute(select(*extra, *optional).where(J.c.id == job_id))).first()
+            row = (await conn.execute(select(J).where(J.c.id == job_id))).first()
             if row is None:
                 raise JobNotFoundError(f"no job with id {job_id}")
-            m = row._mapping
+            deps = [r[0] for r in await conn.execute(
+                select(D.c.depends_on_id).where(D.c.job_id == job_id)
+                .order_by(D.c.depends_on_id))]
+            job = to_job(row, deps)
             expires = None
             seen = None
-            if job.state in (JobState.RUNNING, JobState.LEASED) and m["lease_expires"] is not None:
-                expires = (m["lease_expires"] - now).total_seconds()
+            if job.state in (JobState.RUNNING, JobState.LEASED) and row.lease_expires is not None:
+                expires = (row.lease_expires - now).total_seconds()
                 last = await conn.scalar(select(W.c.last_seen).where(W.c.id == job.lease_owner))
                 seen = None if last is None else max((now - last).total_seconds(), 0.0)
-            children: dict[str, Count] = {}
-            if job.is_container:
-                for s in STATES:
-                    n = await conn.scalar(select(func.count()).select_from(
-                        select(literal(1).label("x")).where(J.c.parent_id == job_id,
-                                                            J.c.state == lit(s))
-                        .limit(V.CAP + 1).subquery()))
-                    if n:
-                        children[s] = count_of(int(n))
+            children = await self._children(conn, job_id) if job.is_container else {}
             down = (await conn.execute(
                 select(J.c.id, J.c.type, J.c.state).join(D, D.c.job_id == J.c.id)
                 .where(D.c.depends_on_id == job_id).order_by(J.c.id).limit(51))).all()
@@ -211,14 +208,36 @@ class Data(OverviewReads, DagReads):
                 select(J.c.id, J.c.type, J.c.state).join(D, D.c.depends_on_id == J.c.id)
                 .where(D.c.job_id == job_id).order_by(J.c.id).limit(200))).all()
             return JobDetail(
-                job, m["checkpoint"], m["timeout"], m["attempt_limit"], expires,
-                bool(m["cancel_requested"]), seen,
-                getattr(job, "progress", m.get("progress")),
-                getattr(job, "errors", m.get("errors")),
+                job, row.checkpoint, row.timeout, row.attempt_limit, expires,
+                bool(row.cancel_requested), seen, job.progress, list(job.errors),
                 children, [(r.id, r.type, r.state) for r in down[:50]], len(down) > 50,
-                [(r.id, r.type, r.state) for r in up], now)
+                [(r.id, r.type, r.state) for r in up], now, await self._why(conn, row))
 
         return await self._read(read)
+
+    async def _children(self, conn: AsyncConnection, job_id: int) -> dict[str, Count]:
+        J = self.t.jobs
+        children: dict[str, Count] = {}
+        for s in STATES:
+            n = await conn.scalar(select(func.count()).select_from(
+                select(literal(1).label("x")).where(J.c.parent_id == job_id,
+                                                    J.c.state == lit(s))
+                .limit(V.CAP + 1).subquery()))
+            if n:
+                children[s] = count_of(int(n))
+        return children
+
+    async def _why(self, conn: AsyncConnection, row: Any) -> Any:
+        """``explain()`` of this row, on this connection (None if it fails: the page still
+        shows everything else)."""
+        started = getattr(self.q, "_started", None)
+        if started is None:
+            return None
+        try:
+            return await explain(started(), row.id, conn, row)
+        except Exception as exc:  # the page must render without it
+            log.warning("explain(%s) failed: %s", row.id, exc)
+            return None
 
 
     # -- workers and schedules --------------------------------------------------------------

@@ -228,6 +228,8 @@ class JobDetail:
     dependents_more: bool
     dependencies: list[tuple[int, str, str]]
     now: datetime
+    #: ``explain()`` of the same row (None where it failed: the page shows the rest).
+    why: Any = None
 
 
 @dataclass
@@ -240,6 +242,8 @@ class Node:
     state: str
     parent_id: int | None
     group: str
+    #: A second line drawn under the label (e.g. what an external step waits for).
+    subtitle: str | None = None
 
 
 @dataclass
@@ -253,6 +257,8 @@ class Graph:
     hidden_children: dict[int, dict[str, int]] = field(default_factory=dict)
     #: Nodes of the DAG not fetched at all (past DAG_FETCH) or not drawn (past DAG_DRAW).
     truncated: bool = False
+    #: An edge's run condition where it is not "done" (drawn dashed): (up, down) -> when.
+    when: dict[tuple[int, int], str] = field(default_factory=dict)
 
 
 @dataclass

@@ -69,3 +69,41 @@ def test_each_runnable_block_runs(index: int, tmp_path: Path) -> None:
     p = run_block(RUNNABLE[index], tmp_path)
     assert p.returncode == 0, p.stderr
     assert "Traceback" not in p.stderr
+
+
+SHELL = re.findall(r"```bash\n(.*?)```", README, re.S)
+# Lines the newcomer test (test_newcomer.py) runs verbatim in a fresh venv, where they belong:
+# installs, the venv itself, and the two long-running processes of the FastAPI section.
+NEWCOMER_ONLY = re.compile(r"^(python3 -m venv|pip install|uvicorn app:app|"
+                           r"aiojobqueue worker app:queue)")
+
+
+def shell_lines() -> list[str]:
+    return [line.split("  #")[0].strip() for block in SHELL for line in block.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
+def test_every_shell_line_is_run_by_a_test() -> None:
+    lines = shell_lines()
+    assert any(line == "aiojobqueue demo" for line in lines)
+    for line in lines:
+        assert line.startswith(("aiojobqueue ", ". .venv/bin/activate", "python3 -m venv",
+                                "pip install", "uvicorn ")), line
+
+
+def test_the_safe_shell_lines_run(tmp_path: Path) -> None:
+    """The README's command-line lines that change nothing outside the current directory
+    (the demo, reading its database, --help), in order, in an empty directory."""
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    ran = 0
+    for line in shell_lines():
+        if NEWCOMER_ONLY.match(line) or line.startswith(". .venv/bin/activate"):
+            continue
+        for part in line.split("&&"):
+            p = subprocess.run(part.strip(), shell=True, cwd=tmp_path, env=env,
+                               capture_output=True, text=True, timeout=300)
+            assert p.returncode == 0, (part, p.stdout[-2000:], p.stderr[-2000:])
+            assert "Traceback" not in p.stderr, p.stderr
+            ran += 1
+    assert ran >= 4

@@ -7,6 +7,7 @@ from collections import defaultdict
 from collections.abc import Callable
 
 import pytest
+from dagcheck import Rect, crossings
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -110,10 +111,20 @@ def dags(draw: st.DrawFn) -> Graph:
     return graph(n, sorted(edges), parents, focus=n)
 
 
+def no_edge_crosses_a_box(lay: D.Layout) -> None:
+    rects = [Rect(str(b.id), b.x, b.y, b.w, b.h) for b in lay.boxes.values()]
+    edges = [(str(lay.ends[e][0]), str(lay.ends[e][1]), lay.routes[e]) for e in lay.edges]
+    edges += [(str(a), str(b), pts) for (a, b), pts in lay.group_edges.items()]
+    assert crossings(edges, rects) == []
+
+
 @settings(max_examples=150, deadline=None)
-@given(dags())
-def test_layout_promises(g: Graph) -> None:
-    lay = D.layout(g)
+@given(dags(), st.booleans())
+def test_layout_promises(g: Graph, collapse: bool) -> None:
+    lay = D.layout(g, expand=not collapse)
+    no_edge_crosses_a_box(lay)
+    if collapse:
+        return
     assert set(lay.boxes) >= set(g.nodes)
     for i, n in g.nodes.items():
         if n.parent_id is not None:  # every node is drawn inside its container's box
@@ -164,10 +175,31 @@ def test_five_hundred_nodes_stay_readable_and_fast() -> None:
     svg = str(D.svg(g, lay, "/jobs/{id}/dag"))
     took = time.perf_counter() - t
     assert took < 1.0, took
-    assert lay.not_drawn == 0 and len(lay.boxes) == n
-    # the wide layer wraps into a block of columns, not one 20,000-pixel column
+    assert lay.not_drawn == 0 and len(lay.boxes) == 2 + D.FAN_KEEP + 1
     assert lay.height < 2500 and lay.width < 2500, (lay.width, lay.height)
-    assert svg.count('class="node') == n
+    # the wide layer collapses: the first FAN_KEEP and one counted group for the rest
+    assert svg.count('class="node') == 2 + D.FAN_KEEP
+    (group,) = lay.groups.values()
+    assert sum(group.states.values()) == n - 2 - D.FAN_KEEP
+    no_edge_crosses_a_box(lay)
+    # expanded, all of them, one column, and still no edge through a box
+    t = time.perf_counter()
+    lay = D.layout(g, expand=True)
+    svg = str(D.svg(g, lay, "/jobs/{id}/dag"))
+    assert time.perf_counter() - t < 1.0
+    assert svg.count('class="node') == n and not lay.groups
+    no_edge_crosses_a_box(lay)
+
+
+def test_a_wide_layer_wrapped_into_columns_is_gone() -> None:
+    """Issue 33: 20 children wrapped into two columns and the first column's edges ran into
+    the second's boxes. Now one column per layer, and long edges pass through free slots."""
+    edges = [(1, i) for i in range(2, 22)] + [(i, 22) for i in range(2, 22)] + [(1, 22)]
+    g = graph(22, edges, focus=22)
+    lay = D.layout(g)
+    assert len({b.x for i, b in lay.boxes.items() if 2 <= i <= 21}) == 1
+    assert len(lay.routes[(1, 22)]) > 4  # the long edge bends through the middle column
+    no_edge_crosses_a_box(lay)
 
 
 def test_beyond_the_limit_the_nearest_are_drawn() -> None:

@@ -6,6 +6,15 @@
   const badge = document.getElementById("live");
   const url = document.body.dataset.live;
 
+  // Times read "2 min ago"; hovering one shows it in the reader's own time zone.
+  function localTimes(root) {
+    root.querySelectorAll("time[datetime]").forEach(function (t) {
+      const d = new Date(t.getAttribute("datetime"));
+      if (!isNaN(d)) t.title = d.toLocaleString();
+    });
+  }
+  localTimes(document);
+
   // A change on the server re-renders this page's <main> (the server sends just that part).
   let busy = false, again = false;
   async function refresh() {
@@ -18,6 +27,7 @@
         const r = await fetch(location.href, { headers: { "X-AJQ-Fragment": "1" }, cache: "no-store" });
         if (r.ok) {
           main.innerHTML = await r.text();
+          localTimes(main);
           document.body.dataset.updated = String(Date.now());
         }
       }
