@@ -86,11 +86,7 @@ class JobQueue:
     process never holds more, and none is opened and closed per burst). On
     PostgreSQL a serving worker holds one more, for LISTEN, opened to ``listen_url`` where
     given: a direct connection when ``url`` goes through a transaction pooler such as
-    PgBouncer (see docs/deploying.md).
-
-    ``retention`` (``{"done": timedelta(days=7), "failed": ..., "cancelled": ...}``): how
-    long finished DAGs are kept, per state; stored in the database at start and applied by
-    every serving worker (see aiojobqueue.retention, docs/operations.md).
+    PgBouncer (see docs/deploying.md). ``retention``: per state, see docs/operations.md.
     """
 
     def __init__(
@@ -128,7 +124,6 @@ class JobQueue:
             worker_id=worker_id or "", pool_size=pool_size,
             listen_url=listen_url_for(url, listen_url),
         )
-        #: stored at start where it differs (aiojobqueue.retention); None: left as stored
         self._retention = None if retention is None else check_retention(retention)
         self._url = async_url(url) if isinstance(url, str) else url
         self._t = S.build_tables(prefix)
