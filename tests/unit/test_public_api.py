@@ -21,7 +21,8 @@ PUBLIC = {
     # errors
     "AioJobQueueError", "ConfigurationError", "ContainerClosedError", "DependencyCycleError",
     "InvalidJobError", "InvalidStateError", "JobCancelled", "JobFailed", "JobNotFoundError",
-    "LeaseLostError", "NotJSONError", "NotStartedError", "PermanentError", "SchemaError",
+    "LeaseLostError", "MissingDriverError", "NotJSONError", "NotStartedError", "PermanentError",
+    "SchemaError",
     "UnsupportedDatabaseError",
     # the tables, for Alembic users
     "metadata",
