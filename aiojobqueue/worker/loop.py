@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from .. import schema as S
+from .. import share
 from ..claimed import Claimed
 from ..core import Core
 from ..executor import run_attempt
@@ -67,6 +68,7 @@ class Worker:
                     tg.create_task(self.leases.guard()),
                     tg.create_task(self.outcomes.flusher()),
                     tg.create_task(db.resilient("reclaim", Reclaimer(core, state.wake).run)),
+                    tg.create_task(db.resilient("share", lambda: share.watch(core, state))),
                 ]
                 if core.schedules and not until_idle:
                     side.append(tg.create_task(db.resilient(
@@ -120,6 +122,8 @@ class Worker:
                     await self._give_back_held()
                 usual = s.capacity + rnd.prefetch(self.state.avg_run)
                 want = usual - self._active - len(state.buffer)
+                if state.share is not None:  # other processes serve these types too
+                    want = min(want, state.share - self._active - len(state.buffer))
                 want = await local_budget(s.local_limits, want)
                 # No new leases while this worker cannot renew the ones it has.
                 if not types or not self.leases.healthy():
@@ -225,7 +229,8 @@ class Worker:
         state, s = self.state, self.core.settings
         q = state.held.get(c.group)
         if (not q or state.stopping or self.core.claimer.single_group != c.group
-                or s.group_limits.get(c.group) == 0 or not self.leases.healthy()):
+                or s.group_limits.get(c.group) == 0 or not self.leases.healthy()
+                or (state.share is not None and self._active >= state.share)):
             return None
         nxt = q.popleft()
         if not q:
@@ -267,8 +272,23 @@ class Worker:
             if (grp != g or grp not in slots or s.group_limits.get(grp) == 0
                     or state.stopping):
                 back += [c for c, _ in state.held.pop(grp)]
+        back += self._over_share()
         if back:
             await self.leases.give_back(back)
+
+    def _over_share(self) -> list[Claimed]:
+        """Held jobs past this process's share of the cap (one per slot of it), newest
+        first: other processes serve these types too, and a held job is theirs to run."""
+        state, back = self.state, []
+        extra = state.held_count() - (state.share or state.held_count())
+        for grp in list(state.held):
+            q = state.held[grp]
+            while extra > 0 and q:
+                back.append(q.pop()[0])
+                extra -= 1
+            if not q:
+                del state.held[grp]
+        return back
 
     def _forget(self, c: Claimed) -> None:
         state = self.state
