@@ -342,7 +342,8 @@ class Finalizer:
                 # interrupted by shutdown: run again at once, and this attempt does not count
                 await conn.execute(
                     update(J).where(J.c.id == o.job_id).values(
-                        state=S.READY, attempt_limit=J.c.attempt_limit + 1, **cleared
+                        state=S.READY, attempt_limit=J.c.attempt_limit + 1,
+                        releases=J.c.releases + 1, **cleared
                     )
                 )
                 released = True

@@ -62,6 +62,23 @@ class Job:
     errors: tuple[dict[str, Any], ...] = field(default=())
     #: How many failed attempts older than those in ``errors`` were dropped.
     errors_omitted: int = 0
+    #: Attempts given back without an outcome (graceful shutdown, a lease that could not be
+    #: renewed, a job held ahead and returned unstarted); never counted against the limit.
+    releases: int = 0
+    #: The claim number past which a failure is final: ``max_attempts`` at first, moved up
+    #: by each release and reset to ``attempts + max_attempts`` by a manual retry.
+    attempt_limit: int = 0
+
+    @property
+    def failures(self) -> int:
+        """Failed attempts, all rounds (``errors`` plus the ones it no longer keeps)."""
+        return len(self.errors) + self.errors_omitted
+
+    @property
+    def runs(self) -> int:
+        """Attempts that ran to an outcome or run now (``attempts`` without releases)."""
+        return max(self.attempts - self.releases, 0)
+
 
     @property
     def terminal(self) -> bool:

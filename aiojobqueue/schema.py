@@ -37,7 +37,7 @@ from .dialects.columns import Id as _Id
 from .dialects.columns import Json as _Json
 from .dialects.columns import UTCDateTime, drop_routines_with
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 #: What a container not yet active adds to its children's ``pending`` (v3; was 1): larger
 #: than any count of dependencies, so activation tells the credited children apart.
 CREDIT = 1 << 30
@@ -206,6 +206,9 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("attempts", Integer, nullable=False, server_default="0"),
         Column("max_attempts", Integer, nullable=False),
         Column("attempt_limit", Integer, nullable=False),
+        # v10: attempts given back without an outcome (graceful shutdown, an unrenewable
+        # lease, a held job returned unstarted): not counted (see aiojobqueue.attempts)
+        Column("releases", Integer, nullable=False, server_default="0"),
         Column("timeout", Float),
         Column("lease_owner", String(64)),
         Column("lease_expires", UTCDateTime),

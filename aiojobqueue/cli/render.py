@@ -18,6 +18,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from .. import admin
+from ..attempts import attempts_short, attempts_text
 from ..demo import STATE_STYLE
 from ..explain import Explanation
 from ..models import Job
@@ -152,7 +153,7 @@ def jobs_table(found: list[Job], now: datetime) -> RenderableType:
         t.add_row(
             str(j.id), escape(j.type) + (" [dim](container)[/]" if j.is_container else ""),
             styled(str(j.state)), escape(j.group),
-            "" if j.is_container else f"{j.attempts}/{j.max_attempts}",
+            "" if j.is_container else attempts_short(j),
             str(j.parent_id or ""),
             ids(j.depends_on) if len(j.depends_on) <= 3 else f"{len(j.depends_on)} jobs",
             ago((now - j.created_at).total_seconds()), escape(error_text(j)),
@@ -170,7 +171,7 @@ def label(j: Job, me: bool = False) -> Text:
     t.append("  ")
     t.append_text(styled(str(j.state)))
     if not j.is_container and j.attempts:
-        t.append(f"  attempt {j.attempts}/{j.max_attempts}", style="dim")
+        t.append(f"  attempt {attempts_short(j)}", style="dim")
     if j.group != "default":
         t.append(f"  [{j.group}]", style="dim")
     if j.error and j.state in ("failed", "cancelled", "scheduled"):
@@ -187,7 +188,7 @@ def job_panel(j: Job, now: datetime) -> RenderableType:
     info.add_row("kind", "container" if j.is_container else "job")
     info.add_row("group", f"{escape(j.group)} (weight {j.weight}, priority {j.priority})")
     if not j.is_container:
-        info.add_row("attempts", f"{j.attempts} of {j.max_attempts}")
+        info.add_row("attempts", attempts_text(j, j.failures))
         info.add_row("args", escape(short(j.args)))
     if j.key:
         info.add_row("key", escape(j.key))
