@@ -96,3 +96,27 @@ async def test_failures_after_a_manual_retry(
 
 async def _state(q: JobQueue, jid: int, state: JobState) -> bool:
     return (await q.get(jid)).state == state
+
+
+async def test_v9_database_gets_the_releases_column(make_queue: Callable[..., JobQueue]) -> None:
+    """A v9 database (no ``releases``) is upgraded in place: the column added, NOT NULL
+    DEFAULT 0, its jobs kept and readable."""
+    from sqlalchemy import inspect, text, update
+
+    q = make_queue()
+    async with q:
+        jid = await q.enqueue("x")
+        J, M = q._t.jobs, q._t.meta
+        async with q.engine.begin() as conn:
+            await conn.execute(text(f"ALTER TABLE {J.name} DROP COLUMN releases"))
+            await conn.execute(update(M).where(M.c.name == "schema_version").values(value="9"))
+    q2 = make_queue()
+    async with q2:
+        async with q2.engine.connect() as conn:
+            cols = await conn.run_sync(
+                lambda c: {x["name"]: x for x in inspect(c).get_columns(J.name)})
+        job = await q2.get(jid)
+        later = await q2.enqueue("x")
+        assert (await q2.get(later)).releases == 0
+    assert "releases" in cols and not cols["releases"]["nullable"]
+    assert job.releases == 0 and job.attempts == 0
