@@ -67,9 +67,8 @@ class Dashboard:
         self.env = Environment(loader=PackageLoader("aiojobqueue.web", "templates"),
                                autoescape=select_autoescape(["html"]), trim_blocks=True,
                                lstrip_blocks=True)
-        self.env.filters.update(ago=_ago, dur=_dur, when=_when, pretty=_pretty)
-        # the one wording of attempts, shared with the command line (aiojobqueue.attempts)
-        self.env.filters.update(attempts_short=attempts_short, attempts_text=attempts_text)
+        self.env.filters.update(ago=_ago, dur=_dur, when=_when, pretty=_pretty,  # attempts:
+                                attempts_short=attempts_short, attempts_text=attempts_text)
         self.env.globals.update(STATES=V.STATES, CAP=V.CAP, GROUP_CAP=V.GROUP_CAP)
         routes = [
             Route("/", self.overview, name="overview"),
