@@ -22,6 +22,7 @@ from .fanout import SplitReleases
 from .finalize import Finalizer
 from .hooks import Hooks
 from .insert import Inserter
+from .live_policy import declare
 from .migrate import check, install_routines, upgrade
 from .schema import Tables
 from .settings import Settings
@@ -105,6 +106,7 @@ async def open_core(url: str | AsyncEngine, s: Settings, tables: Tables, *, migr
     try:
         await (upgrade(db) if migrate else check(db))
         routines = await install_routines(db, create=migrate)
+        await declare(db, s)
     except BaseException:
         await ops.release()
         if owned:
@@ -115,6 +117,7 @@ async def open_core(url: str | AsyncEngine, s: Settings, tables: Tables, *, migr
         handlers=handlers, schedules=schedules, make_context=make_context(db),
         batch_on=batch_on)
     core.owns_engine = owned
+    await core.claimer.live.refresh(db, force=True)
     return core, inserter
 
 

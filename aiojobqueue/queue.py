@@ -16,6 +16,7 @@ from typing import Any, Generic, ParamSpec, TypeVar
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from . import schema as S
+from . import stored_policy
 from .batch import MAX_ID, Batch, JobRef
 from .core import Core, close_core, open_core
 from .dialects.urls import async_url, listen_url_for
@@ -31,11 +32,12 @@ from .explain import Explanation, explain
 from .handlers import Handler, HandlerSpec, RetryOn, registrar
 from .hooks import Hooks
 from .insert import Inserter
-from .limits import Limit
+from .limits import Limit, RateLimit
 from .models import Job, JobState
 from .periodic import Schedule, make_schedule
 from .settings import DEFAULT_POOL_SIZE, Settings
 from .snapshot import read_job
+from .stored_policy import UNSET, Policy, Unset
 from .worker import Worker
 
 log = logging.getLogger("aiojobqueue")
@@ -358,6 +360,41 @@ class JobQueue:
         await core.db.write(lambda conn: core.actions.retry(conn, job_id))
         core.signals.wake()
 
+    # -- the policy in the database (stored_policy.py) -----------------------------------
+    async def policy(self) -> Policy:
+        """The policy in force, as stored: caps, weights, rates and pauses."""
+        return await stored_policy.read_policy(self._started().db)
+
+    async def set_policy(self, *, concurrency: int | Unset | None = UNSET,
+                         rate: RateLimit | Unset | None = UNSET) -> None:
+        """Set the fleet-wide cap and/or the queue's rate; None clears one, an argument
+        not given is left as it is. Every worker sees it within ``poll_interval``."""
+        core = self._started()
+        await stored_policy.set_policy(core.db, concurrency=concurrency, rate=rate)
+        _policy_changed(core)
+
+    async def set_group(self, name: str, *, weight: int | Unset | None = UNSET,
+                        cap: int | Unset | None = UNSET,
+                        rate: RateLimit | Unset | None = UNSET) -> None:
+        """Set group ``name``'s weight, cap and/or rate (None clears one). ``"*"`` is the
+        row every group without one of its own takes its cap and rate from."""
+        core = self._started()
+        await stored_policy.set_group(core.db, name, weight=weight, cap=cap, rate=rate)
+        _policy_changed(core)
+
+    async def pause(self, *, group: str | None = None, type: str | None = None) -> None:
+        """Start no job of ``group``, of ``type``, or (neither) of the whole queue until
+        ``resume``; running jobs finish."""
+        core = self._started()
+        await stored_policy.pause(core.db, group=group, type=type)
+        _policy_changed(core)
+
+    async def resume(self, *, group: str | None = None, type: str | None = None) -> None:
+        """Undo ``pause`` with the same arguments."""
+        core = self._started()
+        await stored_policy.resume(core.db, group=group, type=type)
+        _policy_changed(core)
+
     # -- serving --------------------------------------------------------------------------
     async def serve(self) -> None:
         """Run jobs until cancelled; on cancellation shut down gracefully."""
@@ -377,6 +414,13 @@ class JobQueue:
             await self._worker.serve(until_idle=True)
         finally:
             self._worker = None
+
+
+def _policy_changed(core: Core) -> None:
+    """This process's worker reads the policy again before its next claim (others: at
+    their next look, or at once on the NOTIFY the change sent)."""
+    core.claimer.live.stale = True
+    core.signals.wake()
 
 
 def _check_id(job_id: Any) -> None:

@@ -69,6 +69,7 @@ class Tables:
     workers: Table
     rate: Table
     releases: Table
+    policy: Table
 
 
 def _partial(state: str) -> dict[str, Any]:
@@ -297,8 +298,20 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("ids", _Json, nullable=False),  # a part of its dependents still to release
         Column("created_at", UTCDateTime, nullable=False),
     )
+    # v10: the policy (caps, weights, rates, pauses) as rows; see stored_policy.py
+    policy = Table(
+        f"{p}policy",
+        md,
+        Column("scope", String(10), primary_key=True),  # queue | group | type
+        Column("name", String(200), primary_key=True),  # "" for the queue; "*": default
+        Column("weight", Integer),
+        Column("cap", Integer),
+        Column("rate_n", Integer),
+        Column("rate_per", Float),
+        Column("paused", Boolean, nullable=False, server_default=false()),
+    )
     drop_routines_with(jobs)
-    return Tables(md, jobs, deps, meta, groups, workers, rate, releases)
+    return Tables(md, jobs, deps, meta, groups, workers, rate, releases, policy)
 
 
 _default = build_tables()

@@ -69,7 +69,7 @@ def cap_share(cap: int | None, me: str, capacity: int, types: Collection[str],
 async def watch(core: Core, state: WorkerState) -> None:
     """Keep ``state.share`` to this process's share of the cap (a side loop of serve())."""
     s, W = core.settings, core.db.t.workers
-    stmt = (select(W.c.id, W.c.capacity, W.c.types, W.c.config)
+    stmt = (select(W.c.id, W.c.capacity, W.c.types)
             .where(W.c.last_seen >= utcnow_plus(-s.lease_ttl)))
     types = sorted(core.handlers)
     async def read(conn: AsyncConnection) -> list[Any]:
@@ -77,11 +77,9 @@ async def watch(core: Core, state: WorkerState) -> None:
 
     while True:
         rows = await core.db.read(read)
-        peers = [Peer(r.id, r.capacity, r.types, _declared(r.config)) for r in rows]
-        state.share = cap_share(s.concurrency, s.worker_id, s.capacity, types, peers)
+        # the cap in force is the stored policy's (live_policy), whatever each declared
+        peers = [Peer(r.id, r.capacity, r.types, None) for r in rows]
+        cap = core.claimer.live.concurrency
+        state.share = cap_share(cap, s.worker_id, s.capacity, types, peers)
         await asyncio.sleep(EVERY)
 
-
-def _declared(config: object) -> int | None:
-    c = config.get("concurrency") if isinstance(config, dict) else None
-    return c if isinstance(c, int) else None

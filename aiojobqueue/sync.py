@@ -4,8 +4,9 @@ cron scripts).
 It shares everything with ``JobQueue`` rather than being a second implementation:
 
 * A SyncQueue owns a ``JobQueue`` started on a private event loop in a thread of its own.
-  ``get``, ``wait``, ``cancel``, ``retry`` and ``explain`` run the JobQueue's coroutines
-  there and hand back their result or exception. The caller's thread needs no event loop,
+  ``get``, ``wait``, ``cancel``, ``retry``, ``explain`` and the policy's methods
+  (``policy``, ``set_policy``, ``set_group``, ``pause``, ``resume``) run the JobQueue's
+  coroutines there and hand back their result or exception. The caller's thread needs no event loop,
   and may be one whose own loop is running (``asyncio.run`` could not).
 * The insert (an enqueue, a batch) runs in the caller's thread: the JobQueue's own insert
   (insert.py, after the same ``Batch`` checks) on a sync connection, through
@@ -47,9 +48,11 @@ from .errors import (
 from .explain import Explanation
 from .handlers import Handler
 from .insert import Inserter
+from .limits import RateLimit
 from .models import Job
 from .queue import JobQueue
 from .settings import DEFAULT_POOL_SIZE
+from .stored_policy import UNSET, Policy, Unset
 from .syncbridge import drive
 from .syncinsert import SyncInserts
 
@@ -257,6 +260,33 @@ class SyncQueue:
     def retry(self, job_id: int) -> None:
         """Make a failed or cancelled job runnable again (see ``JobQueue.retry``)."""
         self._run(self._queue.retry(job_id))
+
+    # -- the policy in the database (see JobQueue.policy) ---------------------------------
+    def policy(self) -> Policy:
+        """The policy in force, as stored: caps, weights, rates and pauses."""
+        return self._run(self._queue.policy())
+
+    def set_policy(self, *, concurrency: int | Unset | None = UNSET,
+                   rate: RateLimit | Unset | None = UNSET) -> None:
+        """Set the fleet-wide cap and/or the queue's rate; None clears one, an argument
+        not given is left as it is (see ``JobQueue.set_policy``)."""
+        self._run(self._queue.set_policy(concurrency=concurrency, rate=rate))
+
+    def set_group(self, name: str, *, weight: int | Unset | None = UNSET,
+                  cap: int | Unset | None = UNSET,
+                  rate: RateLimit | Unset | None = UNSET) -> None:
+        """Set group ``name``'s weight, cap and/or rate (None clears one; ``"*"``: every
+        group without a row of its own; see ``JobQueue.set_group``)."""
+        self._run(self._queue.set_group(name, weight=weight, cap=cap, rate=rate))
+
+    def pause(self, *, group: str | None = None, type: str | None = None) -> None:
+        """Start no job of ``group``, of ``type``, or (neither) of the whole queue until
+        ``resume``; running jobs finish (see ``JobQueue.pause``)."""
+        self._run(self._queue.pause(group=group, type=type))
+
+    def resume(self, *, group: str | None = None, type: str | None = None) -> None:
+        """Undo ``pause`` with the same arguments."""
+        self._run(self._queue.resume(group=group, type=type))
 
 
 class SyncBatch:

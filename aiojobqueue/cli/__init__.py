@@ -15,6 +15,7 @@ One module per job:
 - ``queries``  ``status``, ``jobs``, ``show``
 - ``explain``  ``explain``
 - ``actions``  ``retry``, ``cancel``, ``migrate``, ``prune``
+- ``policy``   ``policy``, ``policy set``, ``group set``, ``pause``, ``resume``
 - ``dashboard`` ``dashboard`` (the web dashboard, from ``aiojobqueue.web``)
 
 Adding a command (say ``graph``): write ``aiojobqueue/cli/graph.py`` with an
@@ -30,7 +31,7 @@ import importlib
 from .app import app, main
 
 #: The command modules; importing one registers its commands on ``app``.
-COMMANDS = ("demo", "worker", "queries", "explain", "actions", "dashboard")
+COMMANDS = ("demo", "worker", "queries", "explain", "actions", "policy", "dashboard")
 for _name in COMMANDS:
     importlib.import_module(f"{__name__}.{_name}")
 

@@ -26,6 +26,7 @@ from ..attempts import attempts_short, attempts_text
 from ..errors import ConfigurationError, InvalidJobError, InvalidStateError, JobNotFoundError
 from . import dag as D
 from . import data as Q
+from . import policy as P
 from . import views as V
 from .live import Hub
 
@@ -44,10 +45,10 @@ def dashboard(queue: JobQueue, *, access: Access, live_interval: float = 1.0) ->
     dashboard(queue, access=...))``) or serve alone (``aiojobqueue dashboard``).
 
     ``access(request)`` (sync or async) decides per request: ``"full"`` may act (retry,
-    cancel, bulk), ``"read"`` sees every page but no action, ``None`` gets 403. The queue
-    must be started (``async with queue``) before the first request. ``live_interval``: the
-    most often, in seconds, the live-update watcher reads the database (one watcher per
-    app, whatever the number of open pages)."""
+    cancel, bulk, edit the policy), ``"read"`` sees every page but no action, ``None`` gets
+    403. The queue must be started (``async with queue``) before the first request.
+    ``live_interval``: the most often, in seconds, the live-update watcher reads the
+    database (one watcher per app, whatever the number of open pages)."""
     if not callable(access):
         raise ConfigurationError("access must be a callable: access(request) -> 'full' | "
                                  "'read' | None")
@@ -88,6 +89,7 @@ class Dashboard:
             Route("/api/jobs/{job_id:int}/dag", self.api_dag),
             Route("/api/workers", self.api_workers),
             Route("/api/schedules", self.api_schedules),
+            *P.routes(self),  # the stored policy: /api/policy, the overview's edits
             Mount("/static", StaticFiles(packages=[("aiojobqueue.web", "static")]),
                   name="static"),
         ]

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from .. import schema as S
 from ..errors import InvalidStateError, JobNotFoundError
 from ..models import JobState
+from ..stored_policy import VERSION_KEY
 from ..timeutil import db_now
 from . import views as V
 from .dagreads import DagReads, group_states
@@ -65,8 +66,8 @@ class Data(OverviewReads, DagReads):
 
     # -- the change marker (live updates) ---------------------------------------------------
     async def marker(self) -> tuple[Any, ...]:
-        """A cheap value that changes when any job is enqueued, claimed, finished or revived:
-        each part is one index probe."""
+        """A cheap value that changes when any job is enqueued, claimed, finished or revived,
+        or the stored policy changes: each part is one index probe."""
         J = self.t.jobs
 
         def newest(state: str) -> Any:
@@ -81,6 +82,9 @@ class Data(OverviewReads, DagReads):
             self._capped(S.RUNNING, order=J.c.group_key, cap=MARK_CAP),
             self._capped(S.READY, order=J.c.group_key, cap=MARK_CAP),
             self._capped(S.SCHEDULED, order=J.c.run_after, cap=MARK_CAP),
+            # the stored policy's version: an edit re-renders every open overview
+            select(self.t.meta.c.value).where(self.t.meta.c.name == VERSION_KEY)
+            .scalar_subquery(),
         ))
         return tuple(await self._read(lambda c: first_row(c, stmt)))
 

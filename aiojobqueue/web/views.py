@@ -89,6 +89,9 @@ class GroupRow:
     #: Seconds the oldest ready job has waited; ``age_min`` marks a lower bound.
     oldest_ready: float | None
     age_min: bool = False
+    #: its stored policy (web/policyreads.row_policy): own and applied weight, cap, rate,
+    #: pause
+    rule: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -115,6 +118,9 @@ class Overview:
     #: The chart's oldest minutes are short because more than RATE_PROBE jobs finished.
     throughput_capped: bool
     workers_live: int
+    #: the stored policy as JSON (policy_text.policy_data); targets only under a global cap
+    policy: dict[str, Any] = field(default_factory=dict)
+    targets: bool = False
 
 
 @dataclass(frozen=True)
