@@ -55,9 +55,13 @@ class WorkerInfo:
     pid: int
     started_at: datetime
     last_seen: datetime
+    #: Jobs it runs now: its rows in state ``running``, read with the group counts (so the
+    #: two tables of ``status`` agree), not the count its last heartbeat wrote.
     running: int
     #: Seconds since its last heartbeat.
     seen_ago: float
+    #: Jobs it holds ahead (state ``leased``: not started, counted by no cap).
+    leased: int = 0
 
 
 @dataclass
@@ -96,6 +100,15 @@ async def _now(conn: AsyncConnection) -> datetime:
     return value
 
 
+async def _owned(conn: AsyncConnection, J: Any) -> dict[tuple[str, str], int]:
+    """(worker id, running | leased) -> how many rows it holds, in the status snapshot."""
+    rows = await conn.execute(
+        select(J.c.lease_owner, J.c.state, func.count())
+        .where(J.c.state.in_([lit(x) for x in S.LEASED_STATES]), J.c.kind == lit(S.JOB))
+        .group_by(J.c.lease_owner, J.c.state))
+    return {(owner, state): int(n) for owner, state, n in rows if owner is not None}
+
+
 async def status(q: JobQueue, recent: float = 60.0) -> Status:
     """Counts per group and state, the oldest ready job's age, workers seen in ``recent`` s."""
     J, W = q._t.jobs, q._t.workers
@@ -112,6 +125,7 @@ async def status(q: JobQueue, recent: float = 60.0) -> Status:
             .group_by(J.c.group_key)
         )).all())
         wrows = (await conn.execute(select(W).order_by(W.c.started_at, W.c.id))).all()
+        owned = await _owned(conn, J)
         releasing = int(await conn.scalar(
             select(func.count()).select_from(q._t.releases)) or 0)
         groups: dict[str, GroupStatus] = {}
@@ -132,7 +146,8 @@ async def status(q: JobQueue, recent: float = 60.0) -> Status:
             ago = max((t - w.last_seen).total_seconds(), 0.0)
             if ago <= recent:
                 workers.append(WorkerInfo(w.id, w.host, w.pid, w.started_at, w.last_seen,
-                                          w.running, ago))
+                                          owned.get((w.id, S.RUNNING), 0), ago,
+                                          owned.get((w.id, S.LEASED), 0)))
             else:
                 stale += 1
         return Status(t, dict(totals), dict(boxes), sorted(groups.values(), key=lambda g: g.group),

@@ -176,6 +176,16 @@ def observe(run: DemoRun, st: admin.Status) -> None:
             run.contended[name].append(n)
 
 
+def _quiet_events(run: DemoRun) -> str:
+    """The event panel's line before its first event: the panel lists merges, reports and
+    retries, so while only fetches and parses have finished it says so."""
+    done = run.outcomes["done"]
+    if not done:
+        return "waiting for the first results…"
+    return (f"{done} fetch/parse job(s) done so far; merges, reports and retries "
+            "will show here")
+
+
 def render(run: DemoRun, st: admin.Status | None, width: int = 100) -> Group:
     """The live view: per-group progress and states, totals, throughput, recent events."""
     bar = min(26, max(6, width - 66))
@@ -214,8 +224,7 @@ def render(run: DemoRun, st: admin.Status | None, width: int = 100) -> Group:
     if st is not None and st.containers:
         line.append("   containers ", style="bold")
         line.append(", ".join(f"{n} {s}" for s, n in sorted(st.containers.items())))
-    events = Group(*run.events) if run.events else Text("waiting for the first results…",
-                                                          style="dim")
+    events = Group(*run.events) if run.events else Text(_quiet_events(run), style="dim")
     return Group(
         Panel(table, title="[bold]aiojobqueue demo[/] - two tenants, one budget of "
               f"{CONCURRENCY} slots", subtitle=run.url, border_style="blue"),

@@ -46,6 +46,12 @@ class NotStartedError(ConfigurationError, RuntimeError):
     ``await queue.start()``)."""
 
 
+class MissingDriverError(ConfigurationError, ImportError):
+    """The database driver a URL needs is not installed; the message names the
+    ``pip install "aiojobqueue[...]"`` that brings it. Also an ImportError, so code that
+    caught the driver's own ModuleNotFoundError still does."""
+
+
 class SchemaError(ConfigurationError):
     """The database has no aiojobqueue schema under this prefix, or another version of it."""
 

@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import held, history
 from . import schema as S
+from .attempts import round_attempt
 from .database import Database
 from .policy import backoff
 from .release import CHUNK, IdsMatch
@@ -273,7 +274,7 @@ class Finalizer:
         if lock is None:
             lock = stmts["finish.lock"] = self.db.ops.for_update(
                 select(J.c.id, J.c.attempts, J.c.lease_owner, J.c.attempt_limit,
-                       J.c.cancel_requested, J.c.cancelled_by, J.c.parent_id,
+                       J.c.max_attempts, J.c.cancel_requested, J.c.cancelled_by, J.c.parent_id,
                        J.c.has_dependents)
                 .where(self.db.ops.in_ids_param(J.c.id, "ids"),
                        J.c.state.in_([lit(x) for x in S.LEASED_STATES]))
@@ -310,8 +311,10 @@ class Finalizer:
                 errors_and = {"errors": errors} if o.trace is None else {
                     "errors": errors, "trace": o.trace}
                 if o.retryable and row.attempts < row.attempt_limit:
-                    delay = backoff(row.attempts, self.settings.retry_backoff,
-                                    self.settings.retry_backoff_max)
+                    # grows within the round in force: a manual retry starts again
+                    delay = backoff(
+                        round_attempt(row.attempts, row.attempt_limit, row.max_attempts),
+                        self.settings.retry_backoff, self.settings.retry_backoff_max)
                     kind, retry_in = "retry", delay
                     await conn.execute(
                         update(J).where(J.c.id == o.job_id).values(
@@ -339,7 +342,8 @@ class Finalizer:
                 # interrupted by shutdown: run again at once, and this attempt does not count
                 await conn.execute(
                     update(J).where(J.c.id == o.job_id).values(
-                        state=S.READY, attempt_limit=J.c.attempt_limit + 1, **cleared
+                        state=S.READY, attempt_limit=J.c.attempt_limit + 1,
+                        releases=J.c.releases + 1, **cleared
                     )
                 )
                 released = True

@@ -107,6 +107,7 @@ async def _upgrade_once(db: Database) -> int:
         await _v8_to_v9(db)
     if 0 < found < 10:
         await _v9_to_v10_ops_schedules(db)
+        await _v9_to_v10_firsthour_core(db)
     async with db.engine.begin() as conn:
         await conn.run_sync(db.t.metadata.create_all, checkfirst=True)
     async with db.engine.begin() as conn:
@@ -310,6 +311,23 @@ async def _v8_to_v9(db: Database) -> None:
     async with db.engine.begin() as conn:
         await db.ops.lock_gate(conn)
         await conn.run_sync(lambda sync_conn: ix.create(sync_conn, checkfirst=True))
+
+
+async def _v9_to_v10_firsthour_core(db: Database) -> None:
+    """v10: the ``releases`` count on jobs (``Job.releases``: attempts given back without an
+    outcome), NOT NULL DEFAULT 0, added only if missing, under the gate's lock."""
+    J = db.t.jobs
+    async with db.engine.begin() as conn:
+        await db.ops.lock_gate(conn)
+
+        def columns(sync_conn: Any) -> set[str]:
+            from sqlalchemy import inspect
+
+            return {c["name"] for c in inspect(sync_conn).get_columns(J.name)}
+
+        if "releases" not in await conn.run_sync(columns):
+            await conn.execute(text(
+                f"ALTER TABLE {J.name} ADD COLUMN releases INTEGER NOT NULL DEFAULT 0"))
 
 
 @dataclass(frozen=True)

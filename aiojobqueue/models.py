@@ -64,6 +64,23 @@ class Job:
     errors_omitted: int = 0
     #: The job's tags (``enqueue(..., tags=[...])``), sorted.
     tags: tuple[str, ...] = ()
+    #: Attempts given back without an outcome (graceful shutdown, a lease that could not be
+    #: renewed, a job held ahead and returned unstarted); never counted against the limit.
+    releases: int = 0
+    #: The claim number past which a failure is final: ``max_attempts`` at first, moved up
+    #: by each release and reset to ``attempts + max_attempts`` by a manual retry.
+    attempt_limit: int = 0
+
+    @property
+    def failures(self) -> int:
+        """Failed attempts, all rounds (``errors`` plus the ones it no longer keeps)."""
+        return len(self.errors) + self.errors_omitted
+
+    @property
+    def runs(self) -> int:
+        """Attempts that ran to an outcome or run now (``attempts`` without releases)."""
+        return max(self.attempts - self.releases, 0)
+
 
     @property
     def terminal(self) -> bool:

@@ -6,6 +6,8 @@ last write is held, and written when the interval ends (by a timer) or before th
 outcome is written, whichever comes first, so the last value always lands before the
 finalize. Every write is fenced like ``ctx.checkpoint()``: it changes the row only while
 this attempt holds its lease, and a report after a fenced-out write raises LeaseLostError.
+Progress is best-effort: a database that is away or locked never fails the job nor holds
+its handler up (see ``Reporter``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import update
 
 from . import schema as S
+from .besteffort import Throttle
 from .errors import InvalidJobError
+from .logs import brief
 from .sql import lit
 
 if TYPE_CHECKING:
@@ -34,6 +38,14 @@ log = logging.getLogger("aiojobqueue.progress")
 INTERVAL = 1.0
 #: Longer messages are cut to this many characters.
 MAX_MESSAGE = 1000
+#: The longest a report waits for its write's answer (a lost lease raises at that report).
+PATIENCE = 0.5
+#: While the database refuses progress writes, the pause between tries doubles up to this.
+MAX_PAUSE = 10.0
+#: Conflict retries of one progress write (an outage is not retried: the next report is).
+WRITE_RETRIES = 2
+#: Failed progress writes are logged at most once per this many seconds per process.
+WARNINGS = Throttle(every=5.0)
 
 
 def value(done: Any, total: Any = None, message: Any = None) -> dict[str, Any]:
@@ -65,17 +77,23 @@ def snapshot(stored: Any) -> dict[str, Any] | None:
 
 
 class Reporter:
-    """The coalescer of one attempt (made on its first report)."""
+    """The coalescer of one attempt (made on its first report).
+
+    Progress is best-effort: a write the database refuses (an outage, a locked SQLite file)
+    is logged (at most once per ``WARN_EVERY`` seconds per process), kept pending and tried
+    again after a growing pause; the handler never sees it and never waits on it longer than
+    ``PATIENCE``. Only a lost lease (the fence) and a bad value reach the handler."""
 
     def __init__(self, db: Database, worker_id: str, c: Claimed) -> None:
         self._db = db
         self._me = worker_id
         self._c = c
         self._pending: dict[str, Any] | None = None
-        self._written_at = -math.inf  # monotonic time of the last write
-        self._timer: asyncio.Task[None] | None = None
+        self._written_at = -math.inf  # monotonic time of the last write (or of the next try)
+        self._timer: asyncio.Task[None] | None = None  # the write scheduled or in flight
         self._lock = asyncio.Lock()
         self._lost = False
+        self._pause = INTERVAL  # between tries while the database refuses writes
         #: writes made, for tests and curiosity
         self.writes = 0
 
@@ -84,24 +102,36 @@ class Reporter:
         if self._lost:
             raise self._lost_error()
         self._pending = v
-        wait = self._written_at + INTERVAL - time.monotonic()
         if self._timer is not None:
-            return  # the timer writes the latest value when the interval ends
+            return  # the scheduled (or running) write takes the latest value
+        wait = self._written_at + INTERVAL - time.monotonic()
+        timer = self._timer = asyncio.get_running_loop().create_task(self._later(wait))
         if wait <= 0:
-            await self._write()
-        else:
-            self._timer = asyncio.get_running_loop().create_task(self._later(wait))
+            # wait briefly for the answer so a lost lease raises here, at this report; a
+            # slow database (an outage, a locked file) does not hold the handler up
+            await asyncio.wait({timer}, timeout=PATIENCE)
+            if self._lost:
+                raise self._lost_error()
 
     async def _later(self, delay: float) -> None:
-        await asyncio.sleep(delay)
         try:
+            if delay > 0:
+                await asyncio.sleep(delay)
             await self._write()
+            self._pause = INTERVAL
         except Exception as exc:  # the handler learns of a lost lease at its next report
             if not self._lost:
-                log.warning("job %s: progress write failed (%s); the next report retries",
-                            self._c.id, exc)
+                self._refused(exc)
         finally:
             self._timer = None
+
+    def _refused(self, exc: Exception) -> None:
+        """A write the database refused: keep the value, try again later, warn (throttled)."""
+        self._written_at = time.monotonic() + self._pause - INTERVAL
+        self._pause = min(self._pause * 2, MAX_PAUSE)
+        if WARNINGS.due():
+            log.warning("job %s: progress not saved (%s); the job goes on, the next report "
+                        "retries%s", self._c.id, brief(exc), WARNINGS.suppressed_text())
 
     async def _write(self) -> None:
         async with self._lock:
@@ -109,7 +139,7 @@ class Reporter:
             if v is None:
                 return
             self._written_at = time.monotonic()
-            if await self._db.write(self._fenced(v)) != 1:
+            if await self._db.write(self._fenced(v), retries=WRITE_RETRIES) != 1:
                 self._lost = True
                 raise self._lost_error()
             self.writes += 1

@@ -336,23 +336,37 @@ class JobQueue:
     async def wait(self, job_id: int, timeout: float | None = None) -> Any:
         """Wait until the job is terminal; return its result or raise JobFailed/JobCancelled.
 
-        Raises the builtin TimeoutError if ``timeout`` passes first."""
-        async with asyncio.timeout(timeout):
-            delay = 0.01
-            while True:
-                job = await self.get(job_id)
-                if job.state == JobState.DONE:
-                    return job.result
-                if job.state == JobState.FAILED:
-                    raise JobFailed(job_id, job.error)
-                if job.state == JobState.CANCELLED:
-                    raise JobCancelled(job_id, job.error)
-                done = self._started().signals.done
-                # asyncio.timeout, not wait_for (3.11's wait_for can swallow a cancellation)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay):
-                        await done.wait()
-                delay = min(delay * 1.5, self.poll_interval)
+        Raises the builtin TimeoutError if ``timeout`` passes first, its message naming the
+        job and the state it was last seen in."""
+        seen: list[Job] = []
+        tmo = asyncio.timeout(timeout)
+        try:
+            async with tmo:
+                return await self._wait(job_id, seen)
+        except TimeoutError as exc:
+            if not tmo.expired():
+                raise  # not ours (e.g. the database's)
+            state = f"still {seen[-1].state}" if seen else "not read yet"
+            raise TimeoutError(f"job {job_id} is {state} after waiting {timeout}s") from exc
+
+    async def _wait(self, job_id: int, seen: list[Job]) -> Any:
+        """``wait()``'s loop; ``seen`` holds the last snapshot read (for its message)."""
+        delay = 0.01
+        while True:
+            job = await self.get(job_id)
+            seen[:] = [job]
+            if job.state == JobState.DONE:
+                return job.result
+            if job.state == JobState.FAILED:
+                raise JobFailed(job_id, job.error)
+            if job.state == JobState.CANCELLED:
+                raise JobCancelled(job_id, job.error)
+            done = self._started().signals.done
+            # asyncio.timeout, not wait_for (3.11's wait_for can swallow a cancellation)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await done.wait()
+            delay = min(delay * 1.5, self.poll_interval)
 
     async def cancel(self, job_id: int) -> None:
         """Cancel a job or container and everything waiting on it. A running job is stopped

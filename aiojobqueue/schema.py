@@ -212,6 +212,9 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("attempts", Integer, nullable=False, server_default="0"),
         Column("max_attempts", Integer, nullable=False),
         Column("attempt_limit", Integer, nullable=False),
+        # v10: attempts given back without an outcome (graceful shutdown, an unrenewable
+        # lease, a held job returned unstarted): not counted (see aiojobqueue.attempts)
+        Column("releases", Integer, nullable=False, server_default="0"),
         Column("timeout", Float),
         Column("lease_owner", String(64)),
         Column("lease_expires", UTCDateTime),

@@ -44,4 +44,5 @@ def to_job(row: Any, deps: list[int], tags: tuple[str, ...] = ()) -> Job:
         run_after=row.run_after, started_at=row.started_at, finished_at=row.finished_at,
         progress=progress.snapshot(row.progress), errors=errors, errors_omitted=omitted,
         tags=tags,
+        releases=row.releases, attempt_limit=row.attempt_limit,
     )

@@ -63,7 +63,8 @@ def demo(
                      f"aiojobqueue jobs --url {u} --type fetch --limit 5",
                      f"aiojobqueue show {run_.publish_id} --url {u}"):
             out.print("  " + line, soft_wrap=True)
-        out.print("and in a browser (pip install \"aiojobqueue[web]\"):", soft_wrap=True)
+        # escaped: Rich would take [web] for markup and print pip install "aiojobqueue"
+        out.print(escape('and in a browser (pip install "aiojobqueue[web]"):'), soft_wrap=True)
         out.print(f"  aiojobqueue dashboard --url {u}", soft_wrap=True)
         return v
 

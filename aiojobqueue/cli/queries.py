@@ -39,7 +39,7 @@ def status(
         emit_json({**admin.to_data(st), "unserved_types": unserved,
                    "groups_at_cap": at_cap})
         return
-    for part in render.status_view(st, url, fleet.notes_of(unserved, at_cap)):
+    for part in render.status_view(st, url, fleet.notes_of(unserved, at_cap), out.width):
         out.print(part)
 
 

@@ -18,6 +18,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from .. import admin
+from ..attempts import attempts_short, attempts_text
 from ..demo import STATE_STYLE
 from ..explain import Explanation
 from ..models import Job
@@ -25,6 +26,8 @@ from .runtime import safe_url
 
 STATUS_COLUMNS = ("running", "leased", "ready", "scheduled", "waiting", "done", "failed",
                   "cancelled")
+#: ... of which ``status`` shows these even where no job is in them
+ALWAYS_SHOWN = ("running", "ready", "failed")
 
 
 # -- small pieces -----------------------------------------------------------------------------
@@ -84,25 +87,32 @@ def short(value: Any, n: int = 200) -> str:
 
 
 # -- status -----------------------------------------------------------------------------------
-def status_view(st: admin.Status, url: str, notes: Sequence[str] = ()) -> list[RenderableType]:
+def status_view(st: admin.Status, url: str, notes: Sequence[str] = (),
+                width: int = 80) -> list[RenderableType]:
     """``aiojobqueue status``: counts per group and state, what holds runnable work
-    (``notes``: types no live worker serves, groups at their cap), then the live workers."""
-    t = Table(title=f"aiojobqueue at {escape(safe_url(url))}", header_style="bold",
-              title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True)
-    t.add_column("group", min_width=6, overflow="fold")
-    for c in STATUS_COLUMNS:
-        t.add_column(c, justify="right", no_wrap=True)
-    t.add_column("oldest", justify="right", no_wrap=True)
+    (``notes``: types no live worker serves, groups at their cap), then the live workers;
+    laid out for a terminal ``width`` columns wide."""
+    # Fits an 80-column terminal: states no job is in are left out (running, ready and
+    # failed always show), columns one space apart (the box's divider, no padding); a
+    # long group name is cut with an ellipsis rather than wrapped
+    shown = [c for c in STATUS_COLUMNS if c in ALWAYS_SHOWN or st.totals.get(c)]
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 0), show_edge=False)
+    room = width - sum(len(c) + 1 for c in (*shown, "oldest"))  # what the counts leave
+    t.add_column("group", min_width=5, max_width=max(5, min(room, 40)), no_wrap=True,
+                 overflow="ellipsis")
+    for c in (*shown, "oldest"):  # never narrower than its heading: the group yields
+        t.add_column(c, justify="right", no_wrap=True, min_width=len(c))
     for g in st.groups:
-        t.add_row(escape(g.group), *(count(g.count(c), c) for c in STATUS_COLUMNS),
+        t.add_row(escape(g.group), *(count(g.count(c), c) for c in shown),
                   ago(g.oldest_ready_age))
     if len(st.groups) > 1:
         t.add_section()
-        t.add_row("[bold]all[/]", *(count(st.totals.get(c, 0), c) for c in STATUS_COLUMNS),
+        t.add_row("[bold]all[/]", *(count(st.totals.get(c, 0), c) for c in shown),
                   ago(st.oldest_ready_age))
     if not st.groups:
-        t.add_row("[dim]no jobs[/]", *("" for _ in STATUS_COLUMNS), "")
-    parts: list[RenderableType] = [t]
+        t.add_row("[dim]no jobs[/]", *("" for _ in shown), "")
+    # the title above the table, not in it: a narrow table would wrap a long URL
+    parts: list[RenderableType] = [Text.assemble(("aiojobqueue at ", "bold"), safe_url(url)), t]
     if st.containers:
         parts.append("containers: " + ", ".join(
             f"{n} {s}" for s, n in sorted(st.containers.items())))
@@ -110,15 +120,19 @@ def status_view(st: admin.Status, url: str, notes: Sequence[str] = ()) -> list[R
         parts.append(f"{st.releasing} part(s) of split releases pending: waiting jobs whose "
                      "upstream is done, released by any worker (a worker's sweep if theirs died)")
     parts += [Text(f"! {n}", style="yellow") for n in notes]
+    # running and leased: the worker's rows in those states, read with the counts above
     w = Table(title=f"workers seen in the last {st.recent:g}s", header_style="bold",
-              title_justify="left", box=box.SIMPLE_HEAD)
-    for c in ("worker", "host", "pid", "running", "last seen", "up since"):
-        w.add_column(c, justify="right" if c in ("pid", "running", "last seen") else "left")
+              title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 0), show_edge=False)
+    for c in ("worker", "host", "pid", "running", "leased", "seen", "up since"):
+        left = c in ("worker", "host", "up since")
+        w.add_column(c, justify="left" if left else "right", no_wrap=True,
+                     overflow="ellipsis", max_width=16 if c == "host" else None,
+                     min_width=5 if c == "host" else len(c))
     for wk in st.workers:
-        w.add_row(wk.id, escape(wk.host), str(wk.pid), str(wk.running),
+        w.add_row(wk.id, escape(wk.host), str(wk.pid), str(wk.running), str(wk.leased),
                   f"{ago(wk.seen_ago)} ago", when(wk.started_at))
     if not st.workers:
-        w.add_row("[dim]none[/]", "", "", "", "", "")
+        w.add_row("[dim]none[/]", "", "", "", "", "", "")
     parts.append(w)
     if st.stale_workers:
         parts.append(f"[dim]{st.stale_workers} registered worker(s) not seen for more than "
@@ -139,7 +153,7 @@ def jobs_table(found: list[Job], now: datetime) -> RenderableType:
         t.add_row(
             str(j.id), escape(j.type) + (" [dim](container)[/]" if j.is_container else ""),
             styled(str(j.state)), escape(j.group),
-            "" if j.is_container else f"{j.attempts}/{j.max_attempts}",
+            "" if j.is_container else attempts_short(j),
             str(j.parent_id or ""),
             ids(j.depends_on) if len(j.depends_on) <= 3 else f"{len(j.depends_on)} jobs",
             ago((now - j.created_at).total_seconds()), escape(error_text(j)),
@@ -157,7 +171,7 @@ def label(j: Job, me: bool = False) -> Text:
     t.append("  ")
     t.append_text(styled(str(j.state)))
     if not j.is_container and j.attempts:
-        t.append(f"  attempt {j.attempts}/{j.max_attempts}", style="dim")
+        t.append(f"  attempt {attempts_short(j)}", style="dim")
     if j.group != "default":
         t.append(f"  [{j.group}]", style="dim")
     if j.error and j.state in ("failed", "cancelled", "scheduled"):
@@ -174,7 +188,7 @@ def job_panel(j: Job, now: datetime) -> RenderableType:
     info.add_row("kind", "container" if j.is_container else "job")
     info.add_row("group", f"{escape(j.group)} (weight {j.weight}, priority {j.priority})")
     if not j.is_container:
-        info.add_row("attempts", f"{j.attempts} of {j.max_attempts}")
+        info.add_row("attempts", attempts_text(j, j.failures))
         info.add_row("args", escape(short(j.args)))
     if j.key:
         info.add_row("key", escape(j.key))
@@ -239,9 +253,32 @@ def explain_view(e: Explanation) -> RenderableType:
 
 def job_view(g: admin.JobGraph, now: datetime, *, traceback: bool = False
              ) -> list[RenderableType]:
-    """``aiojobqueue show``: the job's panel, its DAG, and with ``traceback`` its error's."""
+    """``aiojobqueue show``: the job's panel, its DAG, and with ``traceback`` the traceback
+    of every failed attempt it kept (``Job.errors``, oldest first), then the current error's
+    where it is not one of them (a cancellation)."""
     parts = [job_panel(g.job, now), dag_tree(g)]
-    tb = g.job.error.get("traceback") if g.job.error else None
-    if traceback and tb:
+    if traceback:
+        parts += tracebacks(g.job)
+    return parts
+
+
+def tracebacks(j: Job) -> list[RenderableType]:
+    """One panel per failed attempt in ``j.errors``, and the current error's if apart."""
+    parts: list[RenderableType] = []
+    if j.errors_omitted:
+        parts.append(Text(f"{j.errors_omitted} earlier failed attempt(s) not kept",
+                          style="dim"))
+    for e in j.errors:
+        msg = str(e.get("message") or "")
+        msg = msg if len(msg) <= 60 else msg[:59] + "…"
+        head = f"traceback of attempt {e.get('attempt')} · {e.get('type')}: {msg}"
+        at = str(e.get("at") or "")[:19].replace("T", " ")
+        parts.append(Panel(escape((e.get("traceback") or "(no traceback)").rstrip()),
+                           title=escape(head), subtitle=escape(f"{at} UTC · {e.get('worker')}"),
+                           title_align="left", border_style="red"))
+    tb = j.error.get("traceback") if j.error else None
+    if tb and not any(e.get("traceback") == tb for e in j.errors):
         parts.append(Panel(escape(tb.rstrip()), title="traceback", border_style="red"))
+    if not parts:
+        parts.append(Text("no failed attempt", style="dim"))
     return parts

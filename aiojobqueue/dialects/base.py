@@ -29,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..schema import Tables
 from .bulk import InsertHooks
+from .drivers import driver_needed
 
 if TYPE_CHECKING:
     from ..database import Database
@@ -333,8 +334,9 @@ class DialectOps(InsertHooks, ABC):
         connections and no overflow (SyncQueue's enqueue path)."""
         from sqlalchemy import create_engine
 
-        return create_engine(cls.normalize_url(url), pool_size=pool_size, max_overflow=0,
-                             **{**cls.engine_kwargs(), **kwargs})
+        with driver_needed(url, sync=True):
+            return create_engine(cls.normalize_url(url), pool_size=pool_size,
+                                 max_overflow=0, **{**cls.engine_kwargs(), **kwargs})
 
     def sync_driver_sql(self, sql: str, params: Any, driver: str) -> tuple[str, Any]:
         """``sql`` written for this dialect's async driver (the bulk statements), with its

@@ -12,6 +12,7 @@ from sqlalchemy.engine import URL, Dialect, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from ..schema import Tables
+from .drivers import driver_needed
 
 if TYPE_CHECKING:
     from .base import DialectOps
@@ -116,7 +117,8 @@ def engine_for_url(url: str, **kwargs: Any) -> AsyncEngine:
     cls = ops_class_for(u.get_backend_name())
     if cls is not None:
         u = cls.normalize_url(u)
-    return create_async_engine(u, **{**engine_kwargs_for(u.drivername), **kwargs})
+    with driver_needed(u):
+        return create_async_engine(u, **{**engine_kwargs_for(u.drivername), **kwargs})
 
 
 async def connect_kwargs_for(url: URL) -> dict[str, Any]:
@@ -142,7 +144,8 @@ async def open_engine(url: str, pool_size: int) -> AsyncEngine:
     dialect: Any = u.get_dialect()
     if issubclass(dialect.get_pool_class(u), QueuePool):  # (not SQLite in memory)
         kwargs.update(pool_size=pool_size, max_overflow=0)
-    connect = await connect_kwargs_for(u)
+    with driver_needed(u):
+        connect = await connect_kwargs_for(u)
     if connect:
         base = engine_kwargs_for(u.drivername).get("connect_args", {})
         kwargs["connect_args"] = {**base, **connect}

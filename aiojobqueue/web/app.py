@@ -22,6 +22,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from ..attempts import attempts_short, attempts_text
 from ..errors import (
     ConfigurationError,
     InvalidJobError,
@@ -76,7 +77,8 @@ class Dashboard:
                                autoescape=select_autoescape(["html"]), trim_blocks=True,
                                lstrip_blocks=True)
         self.env.filters.update(ago=_ago, dur=_dur, when=_when, pretty=_pretty, rel=T.rel,
-                                times=T.times)
+                                times=T.times, attempts_short=attempts_short,
+                                attempts_text=attempts_text)
         self.env.globals.update(STATES=V.STATES, CAP=V.CAP, GROUP_CAP=V.GROUP_CAP)
         routes = [
             Route("/", self.overview, name="overview"),

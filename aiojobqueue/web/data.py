@@ -128,7 +128,8 @@ class Data(OverviewReads, DagReads):
         cond = self._where(f)
         base, idc = self._from(f, (J.c.id, J.c.type, J.c.kind, J.c.state, J.c.group_key,
                                    J.c.attempts, J.c.parent_id, J.c.created_at,
-                                   J.c.finished_at, J.c.error))
+                                   J.c.finished_at, J.c.error, J.c.max_attempts,
+                                   J.c.attempt_limit, J.c.releases))
 
         async def read(conn: AsyncConnection) -> JobPage:
             hi = before
@@ -145,7 +146,8 @@ class Data(OverviewReads, DagReads):
             rows = (await conn.execute(
                 base.where(*where).order_by(idc.desc()).limit(limit + 1))).all()
             out = [JobRow(r.id, r.type, r.kind, r.state, r.group_key, r.attempts, r.parent_id,
-                          r.created_at, r.finished_at, error_line(r.error)) for r in rows[:limit]]
+                          r.created_at, r.finished_at, error_line(r.error), r.max_attempts,
+                          r.attempt_limit, r.releases) for r in rows[:limit]]
             if len(rows) > limit:
                 return JobPage(out, out[-1].id, lo)
             if lo is not None and lo > 0:

@@ -197,6 +197,10 @@ class JobRow:
     created_at: datetime
     finished_at: datetime | None
     error: str | None
+    #: for the attempts' wording (aiojobqueue.attempts.attempts_short)
+    max_attempts: int = 0
+    attempt_limit: int = 0
+    releases: int = 0
 
 
 @dataclass

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from .. import schema as S
-from .. import threads
+from .. import share, threads
 from ..claimed import Claimed
 from ..core import Core
 from ..executor import run_attempt
@@ -72,6 +72,7 @@ class Worker:
                     tg.create_task(self.leases.guard()),
                     tg.create_task(self.outcomes.flusher()),
                     tg.create_task(db.resilient("reclaim", Reclaimer(core, state.wake).run)),
+                    tg.create_task(db.resilient("share", lambda: share.watch(core, state))),
                 ]
                 if not until_idle:  # one worker at a time sweeps (it takes a lease)
                     side.append(tg.create_task(db.resilient("retention", Sweeper(db).run)))
@@ -130,7 +131,11 @@ class Worker:
                 if state.held:
                     await self._give_back_held()
                 usual = s.capacity + rnd.prefetch(self.state.avg_run)
-                want = usual - self._active - len(state.buffer) - threads.lingering(self.core)
+                lingering = threads.lingering(self.core)
+                want = usual - self._active - len(state.buffer) - lingering
+                if state.share is not None:  # other processes serve these types too
+                    want = min(want, state.share - self._active - len(state.buffer)
+                               - lingering)
                 want = await local_budget(s.local_limits, want)
                 # No new leases while this worker cannot renew the ones it has.
                 if not types or not self.leases.healthy():
@@ -237,7 +242,8 @@ class Worker:
         q = state.held.get(c.group)
         if (not q or state.stopping or claimer.single_group != c.group
                 or claimer.live.cap(c.group) == 0 or claimer.live.generation != claimer.checked
-                or not self.leases.healthy()):
+                or not self.leases.healthy()
+                or (state.share is not None and self._active >= state.share)):
             return None
         nxt = q.popleft()
         if not q:
@@ -282,8 +288,23 @@ class Worker:
             if (grp != g or grp not in slots or live.cap(grp) == 0 or changed
                     or state.stopping):
                 back += [c for c, _ in state.held.pop(grp)]
+        back += self._over_share()
         if back:
             await self.leases.give_back(back)
+
+    def _over_share(self) -> list[Claimed]:
+        """Held jobs past this process's share of the cap (one per slot of it), newest
+        first: other processes serve these types too, and a held job is theirs to run."""
+        state, back = self.state, []
+        extra = state.held_count() - (state.share or state.held_count())
+        for grp in list(state.held):
+            q = state.held[grp]
+            while extra > 0 and q:
+                back.append(q.pop()[0])
+                extra -= 1
+            if not q:
+                del state.held[grp]
+        return back
 
     def _forget(self, c: Claimed) -> None:
         state = self.state

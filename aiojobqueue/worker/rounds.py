@@ -156,7 +156,8 @@ class ParallelRound:
         have = state.held_count()
         pace = PREFETCH_HORIZON / max(state.avg_run or PREFETCH_HORIZON, 1e-6)
         per_slot = min(HOLD_PER_SLOT, max(1, int(pace)))
-        limit = per_slot * s.capacity
+        # one per slot of its share where other processes serve these types (aiojobqueue.share)
+        limit = per_slot * s.capacity if state.share is None else state.share
         if have >= limit:
             return None
         ending = {(o.job_id, o.attempt) for o in batch or ()}

@@ -49,6 +49,9 @@ class WorkerState:
     backlog: bool = False
     #: moving average of handler run time, seconds (None before the first)
     avg_run: float | None = None
+    #: the most jobs this process runs at once under the global cap while other live
+    #: workers serve its types (aiojobqueue.share), or None: its capacity
+    share: int | None = None
 
     def held_count(self) -> int:
         """How many jobs this worker holds ahead."""

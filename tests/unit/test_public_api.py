@@ -22,7 +22,7 @@ PUBLIC = {
     "AioJobQueueError", "ConfigurationError", "ContainerClosedError", "DependencyCycleError",
     "InvalidJobError", "InvalidStateError", "JobCancelled", "JobFailed", "JobNotFoundError",
     "LeaseLostError", "NotJSONError", "NotStartedError", "PermanentError", "SchemaError",
-    "UnsupportedDatabaseError", "InvalidTagError", "ScheduleNotFoundError",
+    "UnsupportedDatabaseError", "InvalidTagError", "ScheduleNotFoundError", "MissingDriverError",
     # the tables, for Alembic users
     "metadata",
 }

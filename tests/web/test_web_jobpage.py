@@ -19,7 +19,7 @@ from aiojobqueue import JobContext, JobQueue
 
 BADGE = re.compile(r'<span id="job-state"><span class="state s-(\w+)"')
 WHY = re.compile(r'<p id="why-text">(.*?)</p>', re.S)
-ATTEMPTS = re.compile(r'<dd class="num" id="attempts">(\d+) of (\d+) allowed')
+ATTEMPTS = re.compile(r'<dd class="num" id="attempts" data-attempts="(\d+)" data-limit="(\d+)"')
 
 
 def text_of(markup: str) -> str:
