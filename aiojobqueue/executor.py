@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import traceback
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select, update
+from sqlalchemy import update
 
-from . import progress, tracing
+from . import fanin, progress, tracing
 from . import schema as S
 from .batch import Batch, check_json
 from .claimed import Claimed
@@ -103,17 +104,10 @@ class JobContext:
         await self._progress.report(done, total, message)
 
     async def dependency_results(self) -> dict[int, Any]:
-        """``{dependency id: result}`` of the jobs this one depends on."""
-        J, D = self._db.t.jobs, self._db.t.deps
-
-        async def read(conn: Any) -> dict[int, Any]:
-            rows = await conn.execute(
-                select(J.c.id, J.c.result).join(D, D.c.depends_on_id == J.c.id)
-                .where(D.c.job_id == self._c.id)
-            )
-            return {r.id: r.result for r in rows}
-
-        return await self._db.read(read)
+        """``{dependency id: result}`` of the jobs this one depends on; a dependency that is a
+        container maps to ``{child id: result}`` of every leaf it holds (nested containers
+        flattened)."""
+        return await self._db.read(partial(fanin.dependency_results, self._db, job_id=self._c.id))
 
     def batch(self) -> Batch:
         """A batch to add jobs from inside the handler (a dynamic DAG)."""
