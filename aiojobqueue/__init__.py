@@ -25,6 +25,7 @@ from .limits import Limit, RateLimit
 from .models import Job, JobState
 from .queue import JobQueue
 from .schema import metadata
+from .snooze import Snooze
 from .sync import SyncBatch, SyncQueue
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "RateLimit",
     "Reason",
     "SchemaError",
+    "Snooze",
     "SyncBatch",
     "SyncQueue",
     "UnsupportedDatabaseError",

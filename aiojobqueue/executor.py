@@ -18,6 +18,7 @@ from .database import Database
 from .errors import AioJobQueueError, NotJSONError
 from .finalize import Outcome
 from .handlers import Handler, HandlerSpec
+from .snooze import Snooze
 from .sql import lit
 
 if TYPE_CHECKING:
@@ -176,6 +177,8 @@ async def run_attempt(core: Core, c: Claimed, reasons: Reasons,
         outcome = (Outcome(c.id, c.attempt, me, "cancelled") if reason == "cancel"
                    else Outcome(c.id, c.attempt, me, "released")
                    if reason in ("shutdown", "expired") else None)
+    except Snooze as exc:  # back to scheduled, no attempt used (finalize.py, snooze.py)
+        outcome = Outcome(c.id, c.attempt, me, "snoozed", retry_in=exc.seconds)
     except BaseException as exc:
         outcome = _failed(c, me, spec, exc, tmo.expired(), limit)
     else:

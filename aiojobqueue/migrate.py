@@ -105,6 +105,8 @@ async def _upgrade_once(db: Database) -> int:
         await _v7_to_v8(db)
     if 0 < found < 9:
         await _v8_to_v9(db)
+    if 0 < found < 10:
+        await _v9_to_v10_workflows(db)
     async with db.engine.begin() as conn:
         await conn.run_sync(db.t.metadata.create_all, checkfirst=True)
     async with db.engine.begin() as conn:
@@ -307,6 +309,26 @@ async def _v8_to_v9(db: Database) -> None:
     ix = next(i for i in J.indexes if i.name == f"{_prefix(db)}ix_leased")
     async with db.engine.begin() as conn:
         await db.ops.lock_gate(conn)
+        await conn.run_sync(lambda sync_conn: ix.create(sync_conn, checkfirst=True))
+
+
+async def _v9_to_v10_workflows(db: Database) -> None:
+    """v10 (workflows): the ``snoozes`` count (Snooze) and the ``external`` state's index
+    ``ix_external``; each added only if missing, under the gate's lock. No row changes
+    (``state`` and ``kind`` are plain strings)."""
+    J = db.t.jobs
+    ix = next(i for i in J.indexes if i.name == f"{_prefix(db)}ix_external")
+    async with db.engine.begin() as conn:
+        await db.ops.lock_gate(conn)
+
+        def columns(sync_conn: Any) -> set[str]:
+            from sqlalchemy import inspect
+
+            return {c["name"] for c in inspect(sync_conn).get_columns(J.name)}
+
+        if "snoozes" not in await conn.run_sync(columns):
+            await conn.execute(text(
+                f"ALTER TABLE {J.name} ADD COLUMN snoozes INTEGER NOT NULL DEFAULT 0"))
         await conn.run_sync(lambda sync_conn: ix.create(sync_conn, checkfirst=True))
 
 

@@ -37,7 +37,7 @@ from .dialects.columns import Id as _Id
 from .dialects.columns import Json as _Json
 from .dialects.columns import UTCDateTime, drop_routines_with
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 #: What a container not yet active adds to its children's ``pending`` (v3; was 1): larger
 #: than any count of dependencies, so activation tells the credited children apart.
 CREDIT = 1 << 30
@@ -51,9 +51,13 @@ LEASED = "leased"
 LEASED_STATES = (RUNNING, LEASED)
 DONE, FAILED, CANCELLED = "done", "failed", "cancelled"
 TERMINAL = (DONE, FAILED, CANCELLED)
-LIVE = (WAITING, SCHEDULED, READY, RUNNING, ACTIVE, LEASED)
+#: v10: an external step released from its dependencies, waiting for ``complete()`` or
+#: ``fail()`` (or its timeout); no claim ever picks it (see external.py)
+EXTERNAL = "external"
+LIVE = (WAITING, SCHEDULED, READY, RUNNING, ACTIVE, LEASED, EXTERNAL)
 
-JOB, CONTAINER = "job", "container"
+#: v10: EXTERNAL_KIND is the kind of an external step (``b.external``), a job no worker runs
+JOB, CONTAINER, EXTERNAL_KIND = "job", "container", "external"
 
 
 
@@ -102,6 +106,13 @@ def leased_index(p: str, jobs: Table | None = None) -> Index:
     args: list[Any] = [jobs] if jobs is not None else []
     return Index(f"{p}ix_leased", "state", "lease_owner", "lease_expires", *args,
                  **_partial(LEASED))
+
+
+def external_index(p: str, jobs: Table | None = None) -> Index:
+    """v10: the ``external`` rows (few), for the timeout sweep (external.py): the deadline
+    is ``started_at`` (when the step became external) plus ``timeout``."""
+    args: list[Any] = [jobs] if jobs is not None else []
+    return Index(f"{p}ix_external", "state", "started_at", *args, **_partial(EXTERNAL))
 
 
 def live_key_index(p: str) -> Index:
@@ -221,12 +232,16 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         # Set (never cleared) when a dependency edge to this job is added, under its row lock:
         # a finalize that sees it unset needs no dependents look-up (see completer.finish_fast).
         Column("has_dependents", Boolean, nullable=False, server_default=false()),
+        # v10: how many times a handler raised Snooze (each put the job back without using
+        # an attempt: see snooze.py)
+        Column("snoozes", Integer, nullable=False, server_default="0"),
         # `state` leads every state index so MySQL/MariaDB (no partial indexes) can use them too.
         ready_weight_index(p),
         Index(f"{p}ix_running", "state", "group_key", "lease_expires", **_partial(RUNNING)),
         Index(f"{p}ix_running_owner", "state", "lease_owner", **_partial(RUNNING)),
         leased_index(p),
         Index(f"{p}ix_scheduled", "state", "run_after", **_partial(SCHEDULED)),
+        external_index(p),
         *v2_indexes(p),
         *overview_indexes(p),
         live_key_index(p),

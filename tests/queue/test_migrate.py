@@ -369,7 +369,7 @@ async def test_v6_schema_gains_the_trace_column_and_the_overview_indexes(
     async with q2:  # upgrades
         async with q2.engine.connect() as conn:
             v = await version_of(conn, M)
-            assert v == str(SCHEMA_VERSION) == "9"
+            assert v == str(SCHEMA_VERSION) == "10"
             have = await conn.run_sync(indexes)
         assert (have & names) == (names if partial else set())
         provider(TracerProvider())
@@ -414,7 +414,7 @@ async def test_v7_rate_ledger_gains_starts_and_its_rows_count_one_each(
     async with q2:  # upgrades
         async with q2.engine.connect() as conn:
             v = await version_of(conn, M)
-            assert v == str(SCHEMA_VERSION) == "9"
+            assert v == str(SCHEMA_VERSION) == "10"
             assert sorted(r[0] for r in await conn.execute(select(R.c.starts))) == [1, 1, 1]
             found = await index_columns(conn, R.name)
             assert found[ix] == ["name", "at", "starts"]  # the budget's SUM reads it alone
@@ -448,7 +448,7 @@ async def test_v8_schema_gains_the_leased_index(make_queue: Callable[..., JobQue
     async with q2:  # upgrades
         async with q2.engine.connect() as conn:
             v = await version_of(conn, M)
-            assert v == str(SCHEMA_VERSION) == "9"
+            assert v == str(SCHEMA_VERSION) == "10"
             found = await index_columns(conn, J.name)
             assert found[ix] == ["state", "lease_owner", "lease_expires"]
         async with q2.batch() as b:
