@@ -98,6 +98,8 @@ class _Spec:
     cancelled_by: int | None = None
     #: the enqueuer's W3C trace context as JSON text (aiojobqueue.tracing), else None
     trace: str | None = None
+    #: an external step (Batch.external): no worker runs it (external.py)
+    is_external: bool = False
 
 
 class Batch:
@@ -162,6 +164,29 @@ class Batch:
         return self._add(
             type, {}, True, group, weight, depends_on, None, priority, None, 1, key, parent
         )
+
+    def external(
+        self,
+        type: str = "external",
+        args: dict[str, Any] | None = None,
+        *,
+        group: str | None = None,
+        timeout: timedelta | float | None = None,
+        key: str | None = None,
+        depends_on: Iterable[Ref] = (),
+        priority: int = 0,
+        parent: Ref | None = None,
+    ) -> JobRef:
+        """Add an external step: a node no worker runs. Once its dependencies are done it
+        is ``external`` until ``queue.complete(id, result)`` or ``queue.fail(id, error)``
+        ends it, or it fails ``timeout`` (seconds or a timedelta; None: never) after it
+        became external. Dependents and containers treat it like any job."""
+        if isinstance(timeout, timedelta):
+            timeout = timeout.total_seconds()
+        ref = self._add(type, {} if args is None else args, False, group, None, depends_on,
+                        None, priority, timeout, 1, key, parent)
+        self._specs[-1].is_external = True
+        return ref
 
     def _add(
         self,

@@ -107,6 +107,8 @@ async def plan_graph(
             s.state = S.WAITING
         elif s.is_container:
             s.state = S.ACTIVE
+        elif s.is_external:
+            s.state = S.EXTERNAL
         else:
             s.state = S.SCHEDULED if s.run_after is not None else S.READY
         state[n] = s.state

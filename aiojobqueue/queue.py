@@ -37,6 +37,7 @@ from .periodic import Schedule, make_schedule
 from .settings import DEFAULT_POOL_SIZE, Settings
 from .snapshot import read_job
 from .worker import Worker
+from .workflowapi import ExternalSteps
 
 log = logging.getLogger("aiojobqueue")
 T = TypeVar("T")
@@ -68,7 +69,7 @@ class _Setting(Generic[V]):
             q._t = S.build_tables(q._settings.prefix)
 
 
-class JobQueue:
+class JobQueue(ExternalSteps):
     """A DAG job queue whose only state is your database.
 
     ``url`` is a SQLAlchemy URL (``sqlite:///jobs.db``, ``postgresql://…``, ``mysql://…``;

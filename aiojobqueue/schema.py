@@ -109,10 +109,11 @@ def leased_index(p: str, jobs: Table | None = None) -> Index:
 
 
 def external_index(p: str, jobs: Table | None = None) -> Index:
-    """v10: the ``external`` rows (few), for the timeout sweep (external.py): the deadline
-    is ``started_at`` (when the step became external) plus ``timeout``."""
+    """v10: the ``external`` rows (few), for the timeout sweep (external.py): an external
+    step's deadline is its ``lease_expires`` (no worker leases it; set when it becomes
+    external: ``started_at`` + its ``timeout``)."""
     args: list[Any] = [jobs] if jobs is not None else []
-    return Index(f"{p}ix_external", "state", "started_at", *args, **_partial(EXTERNAL))
+    return Index(f"{p}ix_external", "state", "lease_expires", *args, **_partial(EXTERNAL))
 
 
 def live_key_index(p: str) -> Index:

@@ -177,7 +177,8 @@ class Settler:
                         .values(cancel_requested=True, cancelled_by=c)
                     )
                     stmt = select(J.c.id).where(
-                        J.c.id.in_(part), J.c.state.in_([S.WAITING, S.SCHEDULED, S.READY, S.ACTIVE])
+                        J.c.id.in_(part),
+                        J.c.state.in_([S.WAITING, S.SCHEDULED, S.READY, S.ACTIVE, S.EXTERNAL])
                     )
                     victims = [r[0] for r in await conn.execute(self.db.ops.for_update(stmt))]
                     if victims:

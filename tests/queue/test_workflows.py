@@ -10,10 +10,20 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from conftest import eventually
 from finalizekit import serving
 from sqlalchemy import update
 
-from aiojobqueue import InvalidJobError, JobContext, JobQueue, JobState, Snooze
+from aiojobqueue import (
+    InvalidJobError,
+    InvalidStateError,
+    JobContext,
+    JobNotFoundError,
+    JobQueue,
+    JobState,
+    NotJSONError,
+    Snooze,
+)
 from aiojobqueue.admin import now as _admin_now
 
 
@@ -142,3 +152,126 @@ async def test_cancel_requested_while_running_wins_over_a_snooze(queue: JobQueue
     go_on.set()
     await asyncio.wait_for(runner, 30)
     assert (await queue.get(jid)).state == JobState.CANCELLED
+
+
+# -- external steps -------------------------------------------------------------------------
+
+
+async def test_external_step_waits_for_complete_then_releases_dependents(
+    queue: JobQueue,
+) -> None:
+    seen: dict[int, Any] = {}
+
+    @queue.handler("work")
+    async def work(ctx: JobContext) -> str:
+        return "w"
+
+    @queue.handler("after")
+    async def after(ctx: JobContext) -> None:
+        seen.update(await ctx.dependency_results())
+
+    async with queue.batch() as b:
+        first = b.add("work")
+        box = b.container("box")
+        approval = b.external(group="reviews", timeout=timedelta(hours=1), key="approve-1",
+                              depends_on=[first], parent=box)
+        nxt = b.add("after", depends_on=[approval, box])
+    assert (await queue.get(approval.id)).state == JobState.WAITING
+    await queue.run_until_idle()  # an external step is not in flight: this returns
+    job = await queue.get(approval.id)
+    assert job.state == JobState.EXTERNAL and job.is_external and job.group == "reviews"
+    assert job.started_at is not None and job.attempts == 0
+    assert (await queue.get(nxt.id)).state == JobState.WAITING
+    # a second enqueue with the key finds the live step
+    assert await queue.enqueue_external(key="approve-1") == approval.id
+    await queue.complete(approval.id, {"ok": True})
+    await queue.run_until_idle()
+    assert (await queue.get(approval.id)).result == {"ok": True}
+    assert (await queue.get(box.id)).state == JobState.DONE
+    assert (await queue.get(nxt.id)).state == JobState.DONE
+    assert seen == {approval.id: {"ok": True}, box.id: {approval.id: {"ok": True}}}
+
+
+async def test_complete_twice_or_on_a_job_that_is_not_external_changes_nothing(
+    queue: JobQueue,
+) -> None:
+    @queue.handler("work")
+    async def work(ctx: JobContext) -> str:
+        return "w"
+
+    gate = await queue.enqueue("work", run_after=timedelta(hours=1))
+    step = await queue.enqueue_external(depends_on=[gate])
+    with pytest.raises(InvalidStateError, match="waiting for its dependencies"):
+        await queue.complete(step, 1)
+    with pytest.raises(InvalidStateError, match="not an external step"):
+        await queue.complete(gate, 1)
+    with pytest.raises(JobNotFoundError):
+        await queue.fail(10**12)
+    with pytest.raises(NotJSONError):
+        await queue.complete(step, {1, 2})
+    other = await queue.enqueue_external()
+    await queue.complete(other, "first")
+    before = await queue.get(other)
+    with pytest.raises(InvalidStateError, match="already done"):
+        await queue.complete(other, "second")
+    with pytest.raises(InvalidStateError, match="already done"):
+        await queue.fail(other, "late")
+    assert await queue.get(other) == before
+
+
+async def test_fail_cancels_dependents_and_retry_brings_the_step_back(queue: JobQueue) -> None:
+    @queue.handler("work")
+    async def work(ctx: JobContext) -> str:
+        return "w"
+
+    step = await queue.enqueue_external("payment", timeout=60)
+    down = await queue.enqueue("work", depends_on=[step])
+    await queue.fail(step, {"code": 402, "message": "declined"})
+    s, d = await queue.get(step), await queue.get(down)
+    assert s.state == JobState.FAILED and s.error == {
+        "type": "ExternalFailed", "message": "declined", "code": 402}
+    assert d.state == JobState.CANCELLED and d.cancelled_by == step
+    await queue.retry(step)  # waits for the outside world again, with a fresh deadline
+    assert (await queue.get(step)).state == JobState.EXTERNAL
+    assert (await queue.get(down)).state == JobState.WAITING
+    await queue.complete(step)
+    await queue.run_until_idle()
+    assert (await queue.get(down)).state == JobState.DONE
+
+
+async def test_external_step_past_its_timeout_fails_once(
+    make_queue: Callable[..., JobQueue],
+) -> None:
+    q = make_queue()
+
+    @q.handler("work")
+    async def work(ctx: JobContext) -> str:
+        return "w"
+
+    async with q:
+        step = await q.enqueue_external(timeout=0.3)
+        down = await q.enqueue("work", depends_on=[step])
+        keep = await q.enqueue_external(timeout=3600)
+        async with serving(q):
+            await eventually(lambda: _state(q, step, JobState.FAILED), timeout=20)
+        job = await q.get(step)
+        assert job.error is not None and job.error["type"] == "ExternalTimeout"
+        assert (await q.get(down)).state == JobState.CANCELLED
+        assert (await q.get(keep)).state == JobState.EXTERNAL
+        with pytest.raises(InvalidStateError, match="already failed"):
+            await q.complete(step, "too late")
+        assert (await q.get(step)).error == job.error
+
+
+async def _state(q: JobQueue, jid: int, state: JobState) -> bool:
+    return (await q.get(jid)).state == state
+
+
+async def test_cancel_of_an_external_step_and_of_its_upstream(queue: JobQueue) -> None:
+    step = await queue.enqueue_external()
+    await queue.cancel(step)
+    assert (await queue.get(step)).state == JobState.CANCELLED
+    gate = await queue.enqueue_external()
+    step2 = await queue.enqueue_external(depends_on=[gate])
+    await queue.fail(gate, "no")
+    assert (await queue.get(step2)).state == JobState.CANCELLED
