@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from . import schema as S
 from .batch import MAX_ID, Batch, JobRef
 from .core import Core, close_core, open_core
+from .debounce import enqueue as debounced
 from .dialects.urls import async_url, listen_url_for
 from .errors import (
     ConfigurationError,
@@ -283,6 +284,8 @@ class JobQueue(ExternalSteps):
         max_attempts: int | None = None,
         key: str | None = None,
         parent: JobRef | int | None = None,
+        debounce: timedelta | float | None = None,
+        debounce_max: timedelta | float | None = None,
     ) -> int:
         """Enqueue one job and return its id (with a live ``key``: the existing job's id).
 
@@ -290,7 +293,13 @@ class JobQueue(ExternalSteps):
         args must fit its signature (else InvalidJobError, and nothing is inserted). A type
         with no handler here is accepted: another process may serve it. Options are those
         of ``Batch.add``, which returns a JobRef instead: inside a batch the id exists only
-        once the batch has been inserted (``ref.id``)."""
+        once the batch has been inserted (``ref.id``). ``debounce`` (with ``key``): while
+        the keyed job has not started, a later enqueue replaces its args and moves its run
+        to now + debounce, never past its first enqueue + ``debounce_max`` (debounce.py)."""
+        if debounce is not None:
+            return await debounced(self, type, args, key, debounce, debounce_max, dict(
+                group=group, weight=weight, depends_on=depends_on, run_after=run_after,
+                priority=priority, timeout=timeout, max_attempts=max_attempts, parent=parent))
         b = self.batch()
         ref = b.add(type, args, group=group, weight=weight, depends_on=depends_on,
                     run_after=run_after, priority=priority, timeout=timeout,

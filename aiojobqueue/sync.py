@@ -258,6 +258,19 @@ class SyncQueue:
         """Make a failed or cancelled job runnable again (see ``JobQueue.retry``)."""
         self._run(self._queue.retry(job_id))
 
+    def enqueue_external(self, type: str = "external", args: dict[str, Any] | None = None,
+                         **options: Any) -> int:
+        """Enqueue one external step (see ``JobQueue.enqueue_external``)."""
+        return self._run(self._queue.enqueue_external(type, args, **options))
+
+    def complete(self, job_id: int, result: Any = None) -> None:
+        """End an external step as done (see ``JobQueue.complete``): a webhook view's call."""
+        self._run(self._queue.complete(job_id, result))
+
+    def fail(self, job_id: int, error: str | dict[str, Any] | None = None) -> None:
+        """End an external step as failed (see ``JobQueue.fail``)."""
+        self._run(self._queue.fail(job_id, error))
+
 
 class SyncBatch:
     """``Batch`` for synchronous code: the same ``add`` and ``container`` (the same checks),

@@ -4,15 +4,19 @@ debounce, on every database."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import eventually
 from finalizekit import serving
-from sqlalchemy import update
+from sqlalchemy import func, select, update
 
 from aiojobqueue import (
     InvalidJobError,
@@ -25,6 +29,8 @@ from aiojobqueue import (
     Snooze,
 )
 from aiojobqueue.admin import now as _admin_now
+
+DEBOUNCER = Path(__file__).resolve().parents[1] / "debounceworker.py"
 
 
 async def admin_now(q: JobQueue) -> datetime:
@@ -275,3 +281,118 @@ async def test_cancel_of_an_external_step_and_of_its_upstream(queue: JobQueue) -
     step2 = await queue.enqueue_external(depends_on=[gate])
     await queue.fail(gate, "no")
     assert (await queue.get(step2)).state == JobState.CANCELLED
+
+
+# -- debounce -------------------------------------------------------------------------------
+
+
+async def test_debounce_coalesces_a_burst_into_one_run_with_the_last_args(
+    queue: JobQueue,
+) -> None:
+    runs: list[int] = []
+
+    @queue.handler("sync_user")
+    async def sync_user(ctx: JobContext, v: int) -> int:
+        runs.append(v)
+        return v
+
+    d = timedelta(seconds=0.6)
+    first = await queue.enqueue("sync_user", {"v": 0}, key="u1", debounce=d)
+    t0 = (await queue.get(first)).run_after
+    for v in (1, 2, 3):
+        assert await queue.enqueue("sync_user", {"v": v}, key="u1", debounce=d) == first
+    job = await queue.get(first)
+    assert job.args == {"v": 3} and job.state == JobState.SCHEDULED
+    assert t0 is not None and job.run_after is not None and job.run_after > t0
+    async with serving(queue):
+        assert await queue.wait(first, timeout=30) == 3
+    assert runs == [3]
+    # the burst is over: the next enqueue starts a new one
+    again = await queue.enqueue("sync_user", {"v": 4}, key="u1", debounce=d)
+    assert again != first
+
+
+async def test_debounce_never_moves_past_first_enqueue_plus_debounce_max(
+    queue: JobQueue,
+) -> None:
+    first = await queue.enqueue("t", {"v": 0}, key="k", debounce=timedelta(seconds=60),
+                                debounce_max=timedelta(seconds=5))
+    created = (await queue.get(first)).created_at
+    for v in range(3):
+        await queue.enqueue("t", {"v": v}, key="k", debounce=60, debounce_max=5)
+    job = await queue.get(first)
+    assert job.run_after == created + timedelta(seconds=5)
+    assert job.args == {"v": 2}
+
+
+async def test_debounce_leaves_a_started_job_alone(queue: JobQueue) -> None:
+    started, go_on = asyncio.Event(), asyncio.Event()
+
+    @queue.handler("slow")
+    async def slow(ctx: JobContext, v: int) -> int:
+        started.set()
+        await go_on.wait()
+        return v
+
+    jid = await queue.enqueue("slow", {"v": 1}, key="s", debounce=0)
+    async with serving(queue):
+        await asyncio.wait_for(started.wait(), 30)
+        assert await queue.enqueue("slow", {"v": 2}, key="s", debounce=0) == jid
+        assert (await queue.get(jid)).args == {"v": 1}
+        go_on.set()
+        assert await queue.wait(jid, timeout=30) == 1
+
+
+async def test_debounce_refuses_bad_input_and_writes_nothing(queue: JobQueue) -> None:
+    bad: list[dict[str, Any]] = [
+        {"debounce": 1},  # no key
+        {"debounce": 1, "key": "x", "run_after": 5},
+        {"debounce": -1, "key": "x"},
+        {"debounce": float("nan"), "key": "x"},
+        {"debounce": "1", "key": "x"},
+        {"debounce": 10, "debounce_max": -5, "key": "x"},
+    ]
+    for kw in bad:
+        with pytest.raises(InvalidJobError):
+            await queue.enqueue("t", {}, **kw)
+    async with queue.engine.connect() as conn:
+        n = (await conn.execute(select(func.count()).select_from(queue._t.jobs))).scalar_one()
+    assert n == 0
+
+
+async def test_racing_debounced_enqueues_from_several_processes_run_once(
+    make_queue: Callable[..., JobQueue], db_url: str, prefix: str, tmp_path: Any,
+) -> None:
+    """4 processes enqueue the same key 25 times each, all at once: one job, one run,
+    every id returned is that job's, and it runs with the args one enqueue wrote."""
+    q = make_queue()
+    runs: list[dict[str, Any]] = []
+
+    @q.handler("bump")
+    async def bump(ctx: JobContext, tag: str, i: int) -> None:
+        runs.append({"tag": tag, "i": i})
+
+    async with q:  # the schema exists before the processes start
+        go = tmp_path / "go"
+        env = {**os.environ, "PYTHONPATH": str(DEBOUNCER.parent)}
+        procs = [subprocess.Popen(  # noqa: ASYNC220 - started at once, waited for below
+            [sys.executable, str(DEBOUNCER), db_url, prefix, str(go), f"p{k}", "25"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            for k in range(4)]
+        go.touch()
+        outs = [p.communicate(timeout=120) for p in procs]
+        assert [p.returncode for p in procs] == [0] * 4, [e for _, e in outs]
+        ids = {int(line) for out, _ in outs for line in out.split()}
+        assert len(ids) == 1
+        (jid,) = ids
+        job = await q.get(jid)
+        # one process's args (whichever enqueue wrote last), whole
+        assert job.args["tag"] in {f"p{k}" for k in range(4)} and 0 <= job.args["i"] < 25
+        assert job.state == JobState.SCHEDULED
+        async with serving(q):
+            await q.wait(jid, timeout=30)
+            await asyncio.sleep(0.5)
+        assert runs == [job.args]
+        async with q.engine.connect() as conn:
+            n = (await conn.execute(select(func.count()).select_from(q._t.jobs))).scalar_one()
+        assert n == 1
