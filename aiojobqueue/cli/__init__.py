@@ -16,6 +16,7 @@ One module per job:
 - ``explain``  ``explain``
 - ``actions``  ``retry``, ``cancel``, ``migrate``, ``prune``
 - ``dashboard`` ``dashboard`` (the web dashboard, from ``aiojobqueue.web``)
+- ``external`` ``complete``, ``fail`` (external steps)
 
 Adding a command (say ``graph``): write ``aiojobqueue/cli/graph.py`` with an
 ``@app.command()`` function that calls ``run(url, ...)`` on an ``opened(url, prefix)`` queue
@@ -30,7 +31,7 @@ import importlib
 from .app import app, main
 
 #: The command modules; importing one registers its commands on ``app``.
-COMMANDS = ("demo", "worker", "queries", "explain", "actions", "dashboard")
+COMMANDS = ("demo", "worker", "queries", "explain", "actions", "dashboard", "external")
 for _name in COMMANDS:
     importlib.import_module(f"{__name__}.{_name}")
 
