@@ -13,6 +13,8 @@ Reason codes (``Reason.code``), in the order they are reported:
 * ``terminal``   done, failed or cancelled (data: state, error, finished_at);
 * ``running``    leased by a worker (data: worker, attempt, started_at, lease_expires,
                  cancel_requested, progress);
+* ``external``   an external step no worker runs, waiting for ``complete()`` / ``fail()``
+                 (data: since, deadline: None without a timeout; see external.py);
 * ``waiting_on`` unfinished jobs it waits on, its own dependencies and its containers',
                  a container's unfinished members included (data: ids, direct); a container
                  that is active waits on its unfinished children;
@@ -57,7 +59,7 @@ if TYPE_CHECKING:
     from .core import Core
     from .database import Database
 
-CODES = ("terminal", "running", "waiting_on", "scheduled", "backoff", "no_worker",
+CODES = ("terminal", "running", "external", "waiting_on", "scheduled", "backoff", "no_worker",
          "global_cap", "group_cap", "rate_limit", "limit", "fair_share", "ready")
 #: At most this many ids in a ``waiting_on`` reason (its detail says how many in all).
 MAX_IDS = 100
@@ -126,6 +128,8 @@ async def explain(core: Core, job_id: int) -> Explanation:
             reasons = [_terminal(row)]
         elif state in S.LEASED_STATES:  # (leased: held by its worker for its next free slot)
             reasons = [_running(row, now)]
+        elif state == S.EXTERNAL:
+            reasons = [external_reason(row, now)]
         elif state in (S.WAITING, S.ACTIVE):
             reasons = [await _waiting_on(db, conn, row)]
             if state == S.WAITING and row.run_after > now:
@@ -144,6 +148,23 @@ def _terminal(row: Any) -> Reason:
     why = f" ({err.get('type')}: {err.get('message')})" if err else ""
     return Reason("terminal", f"It has finished{why}; it will not run again unless retried.",
                   {"state": row.state, "error": row.error, "finished_at": row.finished_at})
+
+
+def external_reason(row: Any, now: datetime) -> Reason:
+    """An external step: who it waits for (complete/fail), since and until when."""
+    since = row.started_at.isoformat(timespec="seconds") if row.started_at else "?"
+    if row.lease_expires is None:
+        until = "it has no timeout"
+    else:
+        left = (row.lease_expires - now).total_seconds()
+        until = (f"it fails at {row.lease_expires.isoformat(timespec='seconds')} (in "
+                 f"{left:.1f}s) unless completed" if left >= 0 else
+                 f"its timeout passed {-left:.1f}s ago: the next sweep fails it")
+    return Reason(
+        "external",
+        f"It is an external step: no worker runs it; it has waited since {since} for "
+        f"complete() or fail() (queue, SyncQueue, command line or dashboard); {until}.",
+        {"since": row.started_at, "deadline": row.lease_expires})
 
 
 def _running(row: Any, now: datetime) -> Reason:

@@ -396,3 +396,16 @@ async def test_racing_debounced_enqueues_from_several_processes_run_once(
         async with q.engine.connect() as conn:
             n = (await conn.execute(select(func.count()).select_from(q._t.jobs))).scalar_one()
         assert n == 1
+
+
+async def test_explain_says_why_an_external_step_has_not_started(queue: JobQueue) -> None:
+    step = await queue.enqueue_external("approval", timeout=timedelta(hours=2))
+    e = await queue.explain(step)
+    assert e.codes == ["external"] and e.state == JobState.EXTERNAL
+    assert "complete() or fail()" in str(e) and "unless completed" in str(e)
+    assert e.reasons[0].data["deadline"] is not None
+    forever = await queue.enqueue_external()
+    assert "no timeout" in str(await queue.explain(forever))
+    gated = await queue.enqueue_external(depends_on=[step])
+    e = await queue.explain(gated)
+    assert e.codes == ["waiting_on"] and e.reasons[0].data["ids"] == [step]
