@@ -26,6 +26,7 @@ from ..errors import ConfigurationError, InvalidJobError, InvalidStateError, Job
 from . import dag as D
 from . import data as Q
 from . import views as V
+from .external import end_step
 from .live import Hub
 
 if TYPE_CHECKING:
@@ -77,6 +78,8 @@ class Dashboard:
             Route("/jobs/{job_id:int}/dag", self.dag, name="dag"),
             Route("/jobs/{job_id:int}/retry", self.one, methods=["POST"], name="retry"),
             Route("/jobs/{job_id:int}/cancel", self.one, methods=["POST"], name="cancel"),
+            Route("/jobs/{job_id:int}/complete", self.one, methods=["POST"], name="complete"),
+            Route("/jobs/{job_id:int}/fail", self.one, methods=["POST"], name="fail"),
             Route("/workers", self.workers, name="workers"),
             Route("/schedules", self.schedules, name="schedules"),
             Route("/events", self.events, name="events"),
@@ -214,6 +217,8 @@ class Dashboard:
         action = request.url.path.rsplit("/", 1)[1]
         if action == "retry":
             await self.q.retry(jid)
+        elif action in ("complete", "fail"):  # an external step (web/external.py)
+            await end_step(self.q, request, jid, action)
         else:
             await self.q.cancel(jid)
         return RedirectResponse(request.url_for("job", job_id=jid), 303)

@@ -356,4 +356,4 @@ def _label(n: Node) -> str:
 
 def _title(n: Node) -> str:
     kind = "container" if n.kind == S.CONTAINER else "job"
-    return f"{kind} #{n.id} {n.type} ({n.group}): {n.state}"
+    return f"{kind} #{n.id} {n.type} ({n.group}): {n.state}" + (f"; {n.note}" if n.note else "")

@@ -228,6 +228,9 @@ class Node:
     state: str
     parent_id: int | None
     group: str
+    #: what the DAG view adds to the node's tooltip (an external step: waiting for whom,
+    #: since when, until when; see dagreads.external_notes)
+    note: str = ""
 
 
 @dataclass
