@@ -1,0 +1,110 @@
+"""Workflows: the release of a wide fan-out by ``complete()`` of an external step against
+the same release by a finished job, same run, alternated, one table:
+
+    .venv/bin/python bench/workflows.py [--wide 10000] [--pairs 3] [--dbs sqlite,postgresql,mariadb]
+
+Each round enqueues an upstream and ``--wide`` jobs depending on it (their type has no
+handler here, so they stay ready once released), then ends the upstream and measures the
+milliseconds from the end (the handler's return; the call of ``complete()``) until no
+dependent is waiting any more (polled every 5 ms on another connection). ``finished``:
+the upstream is a no-op job run by this process's worker (its one-call finalize, and the
+split release of a wide fan-out where the dialect has one). ``complete``: the upstream is
+an external step. Reported per database: the medians and the median of the per-pair
+ratios complete / finished (<= 1: complete() is as fast). Fresh table prefix per round.
+
+The second bar of issue 32 (a ``when="finished"`` fan-in against the same DAG without it)
+is not measured: run conditions are not built on this branch (see docs/workflows.md)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+import uuid
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from aiojobqueue import JobContext, JobQueue
+from aiojobqueue.schema import build_tables
+
+URLS = {"sqlite": "sqlite+aiosqlite:////tmp/ajq_bench_workflows.db",
+        "postgresql": "postgresql+asyncpg://postgres@127.0.0.1:5432/test",
+        "mariadb": "mysql+aiomysql://root@127.0.0.1:3306/test"}
+
+
+async def _until_released(q: JobQueue, ids: list[int]) -> float:
+    """Poll until none of ``ids`` waits; the time (monotonic) it was seen."""
+    J = q._t.jobs
+    lo, hi = min(ids), max(ids)
+    while True:
+        async with q.engine.connect() as conn:
+            n = (await conn.execute(select(func.count()).select_from(J).where(
+                J.c.id.between(lo, hi), J.c.state == "waiting"))).scalar_one()
+        if n == 0:
+            return time.monotonic()
+        await asyncio.sleep(0.005)
+
+
+async def one(url: str, wide: int, external: bool) -> float:
+    """ms from the upstream's end to the last dependent's release."""
+    prefix = f"wb{uuid.uuid4().hex[:8]}_"
+    q = JobQueue(url, prefix=prefix, poll_interval=0.05)
+    ended: list[float] = []
+    ran = asyncio.Event()
+
+    @q.handler("head")
+    async def head(ctx: JobContext) -> None:
+        ended.append(time.monotonic())
+        ran.set()
+
+    try:
+        async with q:
+            async with q.batch() as b:
+                up = b.external("gate") if external else b.add("head")
+                deps = [b.add("leaf", depends_on=[up]) for _ in range(wide)]
+            ids = [d.id for d in deps]
+            if external:
+                t0 = time.monotonic()
+                await q.complete(up.id)
+                t1 = await _until_released(q, ids)
+            else:
+                worker = asyncio.create_task(q.serve())
+                await ran.wait()
+                t0 = ended[0]
+                t1 = await _until_released(q, ids)
+                worker.cancel()
+                await asyncio.gather(worker, return_exceptions=True)
+            return (t1 - t0) * 1000
+    finally:
+        engine = create_async_engine(url)
+        async with engine.begin() as conn:
+            await conn.run_sync(build_tables(prefix).metadata.drop_all)
+        await engine.dispose()
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--wide", type=int, default=10000)
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--dbs", default="sqlite,postgresql,mariadb")
+    a = ap.parse_args()
+    print(f"release of {a.wide} dependents, ms from the upstream's end (median of "
+          f"{a.pairs} pairs, alternated)")
+    print(f"{'database':<12}{'finished job':>14}{'complete()':>12}{'ratio c/f':>11}")
+    for name in a.dbs.split(","):
+        fin: list[float] = []
+        com: list[float] = []
+        for i in range(a.pairs):
+            order = (False, True) if i % 2 == 0 else (True, False)
+            for ext in order:
+                (com if ext else fin).append(await one(URLS[name], a.wide, ext))
+        ratio = statistics.median(c / f for c, f in zip(com, fin, strict=True))
+        print(f"{name:<12}{statistics.median(fin):>14.0f}{statistics.median(com):>12.0f}"
+              f"{ratio:>11.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
