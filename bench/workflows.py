@@ -3,6 +3,11 @@ the same release by a finished job, same run, alternated, one table:
 
     .venv/bin/python bench/workflows.py [--wide 10000] [--pairs 3] [--dbs sqlite,postgresql,mariadb]
 
+With ``--ab OLD_TREE`` (a checkout of the code to compare, e.g. ``git worktree add
+--detach /tmp/old main``) it measures instead the ``finished`` release alone, in fresh
+processes alternating this checkout and OLD_TREE: what the release's new SET clauses (an
+external step's start and deadline, release.unblock) cost a finished job's fan-out.
+
 Each round enqueues an upstream and ``--wide`` jobs depending on it (their type has no
 handler here, so they stay ready once released), then ends the upstream and measures the
 milliseconds from the end (the handler's return; the call of ``complete()``) until no
@@ -19,7 +24,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
+import subprocess
 import sys
 import time
 import uuid
@@ -85,12 +92,40 @@ async def one(url: str, wide: int, external: bool) -> float:
         await engine.dispose()
 
 
+def ab(a: argparse.Namespace) -> None:
+    """The finished job's release, this checkout against ``a.ab``, fresh processes."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    print(f"release of {a.wide} dependents by a finished job, ms (median of {a.pairs} pairs)")
+    print(f"{'database':<12}{'old tree':>10}{'this tree':>11}{'ratio new/old':>15}")
+    for name in a.dbs.split(","):
+        got: dict[str, list[float]] = {"old": [], "new": []}
+        for i in range(a.pairs):
+            for which in (("old", "new") if i % 2 == 0 else ("new", "old")):
+                tree = a.ab if which == "old" else here
+                out = subprocess.run(
+                    [sys.executable, __file__, "--child", name, "--wide", str(a.wide)],
+                    env={**os.environ, "PYTHONPATH": tree}, cwd=tree, capture_output=True,
+                    text=True, check=True).stdout
+                got[which].append(float(out.split()[-1]))
+        ratio = statistics.median(n / o for n, o in zip(got["new"], got["old"], strict=True))
+        print(f"{name:<12}{statistics.median(got['old']):>10.0f}"
+              f"{statistics.median(got['new']):>11.0f}{ratio:>15.2f}", flush=True)
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--wide", type=int, default=10000)
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--dbs", default="sqlite,postgresql,mariadb")
+    ap.add_argument("--ab", help="a checkout to compare the finished job's release with")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.child:
+        print(await one(URLS[a.child], a.wide, False))
+        return
+    if a.ab:
+        await asyncio.to_thread(ab, a)
+        return
     print(f"release of {a.wide} dependents, ms from the upstream's end (median of "
           f"{a.pairs} pairs, alternated)")
     print(f"{'database':<12}{'finished job':>14}{'complete()':>12}{'ratio c/f':>11}")
