@@ -315,6 +315,11 @@ class SyncBatch:
         return self._batch.container(type, group=group, weight=weight, depends_on=depends_on,
                                      priority=priority, key=key, parent=parent)
 
+    def external(self, type: str = "external", args: dict[str, Any] | None = None,
+                 **options: Any) -> JobRef:
+        """Add an external step (see ``Batch.external``)."""
+        return self._batch.external(type, args, **options)
+
     def commit(self) -> list[int]:
         """Insert everything added so far (called on leaving ``with``); the ids in order."""
         return drive(self._batch.commit())

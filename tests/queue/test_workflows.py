@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import eventually
+from conftest import drop_tables, eventually
 from finalizekit import serving
 from sqlalchemy import func, select, update
 
@@ -409,3 +409,29 @@ async def test_explain_says_why_an_external_step_has_not_started(queue: JobQueue
     gated = await queue.enqueue_external(depends_on=[step])
     e = await queue.explain(gated)
     assert e.codes == ["waiting_on"] and e.reasons[0].data["ids"] == [step]
+
+
+def test_sync_queue_completes_and_fails_external_steps(db_url: str, prefix: str) -> None:
+    """A webhook view in synchronous code (Django, Flask): SyncQueue's calls."""
+    try:
+        _sync_calls(db_url, prefix)
+    finally:
+        if not db_url.startswith("sqlite"):
+            asyncio.run(drop_tables(db_url, prefix))
+
+
+def _sync_calls(db_url: str, prefix: str) -> None:
+    from aiojobqueue import SyncQueue
+
+    with SyncQueue(db_url, prefix=prefix) as q:
+        with q.batch() as b:
+            step = b.external("approval", timeout=60)
+            after = b.add("next", depends_on=[step])
+        other = q.enqueue_external("review")
+        q.complete(step.id, {"ok": True})
+        with pytest.raises(InvalidStateError, match="already done"):
+            q.complete(step.id, {"ok": False})
+        q.fail(other, "no")
+        assert q.get(step.id).result == {"ok": True}
+        assert q.get(after.id).state == JobState.READY
+        assert q.get(other).state == JobState.FAILED
