@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
+from . import schema as S
 from .errors import InvalidJobError, JobNotFoundError, NotJSONError
 from .handlers import Handler
 
@@ -100,6 +101,8 @@ class _Spec:
     trace: str | None = None
     #: an external step (Batch.external): no worker runs it (external.py)
     is_external: bool = False
+    #: the run condition (conditions.py): "done", "failed" or "finished"
+    when: str = "done"
 
 
 class Batch:
@@ -134,6 +137,7 @@ class Batch:
         max_attempts: int | None = None,
         key: str | None = None,
         parent: Ref | None = None,
+        when: str = "done",
     ) -> JobRef:
         """Add a job; returns a ref usable in ``depends_on``/``parent`` of later adds (its
         ``.id`` once the batch has been inserted).
@@ -142,11 +146,19 @@ class Batch:
         type this queue has a handler for) ``args`` must fit its signature, else
         InvalidJobError naming the argument. Without ``group`` or ``weight`` a child of a
         container takes its container's, any other job the queue's ``default_group`` and 1.
-        See ``JobQueue.enqueue`` for the other options."""
-        return self._add(
+        See ``JobQueue.enqueue`` for the other options. ``when``: run once every dependency
+        is done (``"done"``, the default), once every one is terminal and one failed or was
+        cancelled (``"failed"``), or once every one is terminal (``"finished"``); see
+        docs/workflows.md."""
+        if when.__class__ is not str or when not in S.WHEN_KINDS:
+            raise InvalidJobError(f"when must be 'done', 'failed' or 'finished': {when!r}")
+        ref = self._add(
             type, {} if args is None else args, False, group, weight, depends_on, run_after,
             priority, timeout, max_attempts, key, parent,
         )
+        if when != "done":
+            self._specs[-1].when = when
+        return ref
 
     def container(
         self,

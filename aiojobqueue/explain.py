@@ -18,6 +18,8 @@ Reason codes (``Reason.code``), in the order they are reported:
 * ``waiting_on`` unfinished jobs it waits on, its own dependencies and its containers',
                  a container's unfinished members included (data: ids, direct); a container
                  that is active waits on its unfinished children;
+* ``condition``  with ``waiting_on``: its run condition (data: when, "failed" or "finished";
+                 see conditions.py);
 * ``scheduled``  its ``run_after`` has not come (data: when);
 * ``backoff``    a failed attempt's retry delay has not passed (data: when, attempt, error);
 * ``no_worker``  no live worker serves its type (data: type, live_workers);
@@ -59,8 +61,8 @@ if TYPE_CHECKING:
     from .core import Core
     from .database import Database
 
-CODES = ("terminal", "running", "external", "waiting_on", "scheduled", "backoff", "no_worker",
-         "global_cap", "group_cap", "rate_limit", "limit", "fair_share", "ready")
+CODES = ("terminal", "running", "external", "waiting_on", "condition", "scheduled", "backoff",
+         "no_worker", "global_cap", "group_cap", "rate_limit", "limit", "fair_share", "ready")
 #: At most this many ids in a ``waiting_on`` reason (its detail says how many in all).
 MAX_IDS = 100
 
@@ -132,6 +134,8 @@ async def explain(core: Core, job_id: int) -> Explanation:
             reasons = [external_reason(row, now)]
         elif state in (S.WAITING, S.ACTIVE):
             reasons = [await _waiting_on(db, conn, row)]
+            if row.kind in (S.ONFAIL, S.ALWAYS):
+                reasons.append(_condition(row))
             if state == S.WAITING and row.run_after > now:
                 reasons.append(_scheduled(row, now))
         elif state == S.SCHEDULED and row.run_after > now:
@@ -165,6 +169,19 @@ def external_reason(row: Any, now: datetime) -> Reason:
         f"It is an external step: no worker runs it; it has waited since {since} for "
         f"complete() or fail() (queue, SyncQueue, command line or dashboard); {until}.",
         {"since": row.started_at, "deadline": row.lease_expires})
+
+
+def _condition(row: Any) -> Reason:
+    """Why a job with a run condition waits, and what it waits for (conditions.py)."""
+    if row.kind == S.ONFAIL:
+        held = row.pending % S.CREDIT >= S.HOLD
+        return Reason("condition", (
+            "It has when='failed': it runs once every dependency has ended and one of them "
+            "failed or was cancelled" + (" (none has yet; if all end done it is cancelled)."
+                                         if held else " (one has).")),
+            {"when": "failed", "failed_upstream": not held})
+    return Reason("condition", "It has when='finished': it runs once every dependency has "
+                  "ended, whatever the outcome.", {"when": "finished"})
 
 
 def _running(row: Any, now: datetime) -> Reason:
@@ -210,7 +227,10 @@ async def _waiting_on(db: Database, conn: AsyncConnection, row: Any) -> Reason:
             seen.add(node)
             up = (await conn.execute(
                 select(J.c.id, J.c.kind).join(D, D.c.depends_on_id == J.c.id)
-                .where(D.c.job_id == node, J.c.state != S.DONE))).all()
+                # a job with a run condition waits on its unfinished ones only
+                .where(D.c.job_id == node, J.c.state.in_(S.LIVE)
+                       if node == row.id and row.kind in (S.ONFAIL, S.ALWAYS)
+                       else J.c.state != S.DONE))).all()
             direct.update(r.id for r in up)
             boxes.update(r.id for r in up if r.kind == S.CONTAINER)
             node = (await conn.execute(select(J.c.parent_id).where(J.c.id == node))).scalar()

@@ -90,7 +90,7 @@ class Inserter:
         known = self.claimer.known_groups
         return len(specs) <= BULK_ROWS and all(
             s.key is None and not s.depends_on and s.parent is None and not s.is_container
-            and not s.is_external
+            and not s.is_external and s.when == "done"
             and s.group in known and not isinstance(s.run_after, datetime)
             for s in specs
         )
@@ -156,7 +156,7 @@ class Inserter:
         ups: set[tuple[str, int]] = set()
         # A batch without edges or parents (the common bulk load) has nothing to lock, cannot
         # form a cycle and is one level: skip the graph work below.
-        graph = any(s.depends_on or s.parent is not None for s in fresh)
+        graph = any(s.depends_on or s.parent is not None or s.when != "done" for s in fresh)
         if graph:
             levels = await plan_graph(self.db, conn, fresh, existing, ups)
         else:
@@ -284,7 +284,7 @@ def _columns(
     return {
         "type": [s.type for s in level],
         "kind": [S.CONTAINER if s.is_container else S.EXTERNAL_KIND if s.is_external
-                 else S.JOB for s in level],
+                 else S.WHEN_KINDS[s.when] for s in level],
         "state": [s.state for s in level],
         "args": [s.args for s in level],
         "parent_id": parents,

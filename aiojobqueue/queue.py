@@ -286,6 +286,7 @@ class JobQueue(ExternalSteps):
         parent: JobRef | int | None = None,
         debounce: timedelta | float | None = None,
         debounce_max: timedelta | float | None = None,
+        when: str = "done",
     ) -> int:
         """Enqueue one job and return its id (with a live ``key``: the existing job's id).
 
@@ -293,17 +294,19 @@ class JobQueue(ExternalSteps):
         args must fit its signature (else InvalidJobError, and nothing is inserted). A type
         with no handler here is accepted: another process may serve it. Options are those
         of ``Batch.add``, which returns a JobRef instead: inside a batch the id exists only
-        once the batch has been inserted (``ref.id``). ``debounce`` (with ``key``): while
+        once the batch has been inserted (``ref.id``); ``when``: the run condition (see
+        ``Batch.add``). ``debounce`` (with ``key``): while
         the keyed job has not started, a later enqueue replaces its args and moves its run
         to now + debounce, never past its first enqueue + ``debounce_max`` (debounce.py)."""
         if debounce is not None:
             return await debounced(self, type, args, key, debounce, debounce_max, dict(
                 group=group, weight=weight, depends_on=depends_on, run_after=run_after,
-                priority=priority, timeout=timeout, max_attempts=max_attempts, parent=parent))
+                priority=priority, timeout=timeout, max_attempts=max_attempts, parent=parent,
+                when=when))
         b = self.batch()
         ref = b.add(type, args, group=group, weight=weight, depends_on=depends_on,
                     run_after=run_after, priority=priority, timeout=timeout,
-                    max_attempts=max_attempts, key=key, parent=parent)
+                    max_attempts=max_attempts, key=key, parent=parent, when=when)
         await b.commit()
         return ref.id
 

@@ -58,6 +58,13 @@ LIVE = (WAITING, SCHEDULED, READY, RUNNING, ACTIVE, LEASED, EXTERNAL)
 
 #: v10: EXTERNAL_KIND is the kind of an external step (``b.external``), a job no worker runs
 JOB, CONTAINER, EXTERNAL_KIND = "job", "container", "external"
+#: v10: the kinds of jobs with a run condition (conditions.py): ``when="failed"`` (ONFAIL)
+#: and ``when="finished"`` (ALWAYS); ``when="done"`` is a plain JOB
+ONFAIL, ALWAYS = "onfail", "always"
+WHEN_KINDS = {"done": JOB, "failed": ONFAIL, "finished": ALWAYS}
+#: What a ``when="failed"`` job adds to its ``pending`` until an upstream fails or is
+#: cancelled (conditions.py): below CREDIT, above any count of dependencies.
+HOLD = 1 << 20
 
 
 

@@ -308,8 +308,11 @@ def svg(graph: Graph, lay: Layout, job_url: str) -> Markup:
         x2, y2 = b.x, b.y + (min(b.h, NODE_H) / 2 if _is_box(graph, v) else b.h / 2)
         dx = max(abs(x2 - x1) / 2, 24)
         hot = (u, v) in lay.blocking_edges
+        # an edge into a job with a run condition (when="failed"/"finished"): dashed
+        cond = v > 0 and v in graph.nodes and graph.nodes[v].kind in (S.ONFAIL, S.ALWAYS)
         out.append(
-            f'<path class="edge{" hot" if hot else ""}" data-from="{u}" data-to="{v}" '
+            f'<path class="edge{" hot" if hot else ""}{" cond" if cond else ""}" '
+            f'data-from="{u}" data-to="{v}" '
             f'd="M{x1:.1f},{y1:.1f} C{x1 + dx:.1f},{y1:.1f} {x2 - dx:.1f},{y2:.1f} '
             f'{x2:.1f},{y2:.1f}" marker-end="url(#{"arrow-hot" if hot else "arrow"})"/>')
     for b in lay.boxes.values():
@@ -356,4 +359,6 @@ def _label(n: Node) -> str:
 
 def _title(n: Node) -> str:
     kind = "container" if n.kind == S.CONTAINER else "job"
-    return f"{kind} #{n.id} {n.type} ({n.group}): {n.state}" + (f"; {n.note}" if n.note else "")
+    when = {S.ONFAIL: "; runs when a dependency failed", S.ALWAYS: "; runs when all finished"}
+    return (f"{kind} #{n.id} {n.type} ({n.group}): {n.state}" + when.get(n.kind, "")
+            + (f"; {n.note}" if n.note else ""))

@@ -1,8 +1,11 @@
-"""External steps under chaos: a random DAG mixing worker jobs and external steps (completed,
-failed, or left to time out) run by 3 worker processes SIGKILLed at random moments and
+"""External steps and run conditions under chaos: a random DAG mixing worker jobs (some with
+when="failed" or when="finished") and external steps (completed, failed, or left to time
+out) run by 3 worker processes SIGKILLed at random moments and
 replaced, while this process completes and fails the steps as they become ``external``.
 Afterwards every node is in exactly the state a pure reference model of the rules predicts
-(an upstream that did not end done cancels what waits on it), a second complete()/fail()
+(an upstream that did not end done cancels what waits on it, except a job with a run
+condition: "finished" runs, "failed" runs, or is cancelled where every upstream ended
+done), a second complete()/fail()
 of each step was refused and changed nothing, and no step timed out before its time."""
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from sqlalchemy import select
 from aiojobqueue import InvalidStateError, JobQueue
 
 JOB, COMPLETE, FAIL, TIMEOUT = "job", "complete", "fail", "timeout"
+#: worker jobs with a run condition: when="failed" and when="finished"
+ONFAIL, ALWAYS = "onfail", "always"
 TIMEOUT_S = 1.5
 
 
@@ -27,8 +32,11 @@ def shape(rnd: random.Random, n: int = 160) -> list[tuple[str, list[int]]]:
     """Per node: its kind and the earlier nodes it depends on (0 to 3)."""
     out: list[tuple[str, list[int]]] = []
     for i in range(n):
-        kind = rnd.choices([JOB, COMPLETE, FAIL, TIMEOUT], [70, 18, 6, 6])[0]
+        kind = rnd.choices([JOB, COMPLETE, FAIL, TIMEOUT, ONFAIL, ALWAYS],
+                           [56, 16, 6, 6, 8, 8])[0]
         ups = sorted(rnd.sample(range(i), min(i, rnd.choice([0, 1, 1, 2, 3]))))
+        if kind == ONFAIL and not ups:  # refused at insert: it could never run
+            kind = JOB
         out.append((kind, ups))
     return out
 
@@ -37,7 +45,11 @@ def model(nodes: list[tuple[str, list[int]]]) -> list[str]:
     """The final state of every node, by the rules (nodes come in topological order)."""
     out: list[str] = []
     for kind, ups in nodes:
-        if any(out[u] != "done" for u in ups):
+        if kind == ALWAYS:  # runs once every dependency ended, whatever the outcome
+            out.append("done")
+        elif kind == ONFAIL:  # runs if one did not end done; else its condition cannot hold
+            out.append("done" if any(out[u] != "done" for u in ups) else "cancelled")
+        elif any(out[u] != "done" for u in ups):
             out.append("cancelled")
         else:
             out.append("done" if kind in (JOB, COMPLETE) else "failed")
@@ -59,9 +71,10 @@ async def test_external_steps_under_sigkills_end_as_the_model_says(
         async with q.batch() as b:
             for kind, ups in nodes:
                 deps = [refs[u] for u in ups]
-                if kind == JOB:
+                if kind in (JOB, ONFAIL, ALWAYS):
+                    when = {JOB: "done", ONFAIL: "failed", ALWAYS: "finished"}[kind]
                     refs.append(b.add("chaos", {"ms": rnd.randint(0, 20)}, depends_on=deps,
-                                      max_attempts=20))
+                                      max_attempts=20, when=when))
                 else:
                     refs.append(b.external(kind, depends_on=deps, timeout=TIMEOUT_S
                                            if kind == TIMEOUT else 3600))
@@ -83,7 +96,7 @@ async def test_external_steps_under_sigkills_end_as_the_model_says(
             assert time.monotonic() < deadline, fleet.dump()
             for jid, r in rows.items():
                 k = kind_of[jid]
-                if r.state != "external" or k in (JOB, TIMEOUT) or jid in ended:
+                if r.state != "external" or k not in (COMPLETE, FAIL) or jid in ended:
                     continue
                 if k == COMPLETE:
                     # the shape the chaos handler reads of its dependencies' results
@@ -128,7 +141,9 @@ async def test_external_steps_under_sigkills_end_as_the_model_says(
         assert "Traceback" not in fleet.worker_logs()
         assert await q._read(lambda conn: _rows(conn, J)) == list(rows.values())
         print(f"\nWORKFLOW CHAOS {db}: {len(ids)} nodes "
-              f"({sum(1 for k in kind_of.values() if k != JOB)} external), {kills} SIGKILLs, "
+              f"({sum(1 for k in kind_of.values() if k in (COMPLETE, FAIL, TIMEOUT))} external, "
+              f"{sum(1 for k in kind_of.values() if k in (ONFAIL, ALWAYS))} with a run "
+              f"condition), {kills} SIGKILLs, "
               f"{refused} second calls refused; states as the model: "
               f"{ {s: want.count(s) for s in set(want)} }")
 

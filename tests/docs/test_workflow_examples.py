@@ -1,4 +1,5 @@
-"""The workflow examples run as documented: examples/fan_in.py as a script, and
+"""The workflow examples run as documented: examples/fan_in.py and
+examples/cleanup_on_failure.py as scripts, and
 examples/approval_webhook.py under a real uvicorn process, driven over HTTP."""
 
 from __future__ import annotations
@@ -28,6 +29,23 @@ async def test_fan_in_example(db_url: str, prefix: str) -> None:
             capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, p.stderr
         assert p.stdout.strip() == "5 cities, warmest Lyon, mean 16.0"
+    finally:
+        if not db_url.startswith("sqlite"):
+            await drop_tables(db_url, prefix)
+
+
+@pytest.mark.parametrize("db", ["sqlite", "postgresql"])
+async def test_cleanup_on_failure_example(db_url: str, prefix: str) -> None:
+    env = {**os.environ, "AIOJOBQUEUE_URL": db_url, "AIOJOBQUEUE_PREFIX": prefix}
+    try:
+        p = subprocess.run(  # noqa: ASYNC221 - the test has nothing else to do meanwhile
+            [sys.executable, "examples/cleanup_on_failure.py"], cwd=ROOT, env=env,
+            capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.splitlines() == [
+            "good: cleanup cancelled (ConditionNotMet), published True, staging left: ['good']",
+            "bad: cleanup done, published False, staging left: ['good']",
+        ]
     finally:
         if not db_url.startswith("sqlite"):
             await drop_tables(db_url, prefix)

@@ -54,3 +54,21 @@ async def test_dag_view_and_job_page_act_on_an_external_step(
             job = await q.get(refused.id)
             assert job.state == JobState.FAILED and job.error is not None
             assert job.error["message"] == "not good enough"
+
+
+async def test_dag_view_draws_run_conditions_as_dashed_edges(
+    make_queue: Callable[..., JobQueue],
+) -> None:
+    q = make_queue()
+    async with q:
+        async with q.batch() as b:
+            work = b.add("work")
+            cleanup = b.add("cleanup", depends_on=[work], when="failed")
+            report = b.add("report", depends_on=[work], when="finished")
+            plain = b.add("next", depends_on=[work])
+        async with client(q) as c:
+            svg = (await c.get(f"/jobs/{work.id}/dag")).text
+    for v in (cleanup.id, report.id):
+        assert f'class="edge cond" data-from="{work.id}" data-to="{v}"' in svg
+    assert f'class="edge" data-from="{work.id}" data-to="{plain.id}"' in svg
+    assert "runs when a dependency failed" in svg and "runs when all finished" in svg
