@@ -17,8 +17,10 @@ split release of a wide fan-out where the dialect has one). ``complete``: the up
 an external step. Reported per database: the medians and the median of the per-pair
 ratios complete / finished (<= 1: complete() is as fast). Fresh table prefix per round.
 
-The second bar of issue 32 (a ``when="finished"`` fan-in against the same DAG without it)
-is not measured: run conditions are not built on this branch (see docs/workflows.md)."""
+With ``--drain``: a head job, ``--wide`` jobs depending on it and one fan-in depending on
+all of them, drained by this process's worker (``run_until_idle``, capacity 50), the fan-in
+with ``when="finished"`` against the same DAG without it, alternated; jobs/s and the median
+per-pair ratio (>= 0.9 is issue 32's bar)."""
 
 from __future__ import annotations
 
@@ -92,6 +94,47 @@ async def one(url: str, wide: int, external: bool) -> float:
         await engine.dispose()
 
 
+async def drain(url: str, wide: int, when: str) -> float:
+    """jobs/s of the fan-out / fan-in DAG (see the module docstring)."""
+    prefix = f"wd{uuid.uuid4().hex[:8]}_"
+    q = JobQueue(url, prefix=prefix, capacity=50)
+
+    @q.handler("w")
+    async def w(ctx: JobContext) -> None:
+        return None
+
+    try:
+        async with q:
+            async with q.batch() as b:
+                head = b.add("w")
+                leaves = [b.add("w", depends_on=[head]) for _ in range(wide)]
+                fan_in = b.add("w", depends_on=leaves, when=when)
+            t0 = time.monotonic()
+            await q.run_until_idle()
+            took = time.monotonic() - t0
+            assert (await q.get(fan_in.id)).state == "done"
+            return (wide + 2) / took
+    finally:
+        engine = create_async_engine(url)
+        async with engine.begin() as conn:
+            await conn.run_sync(build_tables(prefix).metadata.drop_all)
+        await engine.dispose()
+
+
+async def drains(a: argparse.Namespace) -> None:
+    print(f"fan-out of {a.wide} and a fan-in, drained: jobs/s (median of {a.pairs} pairs)")
+    print(f"{'database':<12}{'when=done':>11}{'when=finished':>15}{'ratio f/d':>11}")
+    for name in a.dbs.split(","):
+        got: dict[str, list[float]] = {"done": [], "finished": []}
+        for i in range(a.pairs):
+            for when in (("done", "finished") if i % 2 == 0 else ("finished", "done")):
+                got[when].append(await drain(URLS[name], a.wide, when))
+        ratio = statistics.median(f / d for f, d in zip(got["finished"], got["done"],
+                                                         strict=True))
+        print(f"{name:<12}{statistics.median(got['done']):>11.0f}"
+              f"{statistics.median(got['finished']):>15.0f}{ratio:>11.2f}", flush=True)
+
+
 def ab(a: argparse.Namespace) -> None:
     """The finished job's release, this checkout against ``a.ab``, fresh processes."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -118,8 +161,12 @@ async def main() -> None:
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--dbs", default="sqlite,postgresql,mariadb")
     ap.add_argument("--ab", help="a checkout to compare the finished job's release with")
+    ap.add_argument("--drain", action="store_true", help="the when='finished' fan-in drain")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.drain:
+        await drains(a)
+        return
     if a.child:
         print(await one(URLS[a.child], a.wide, False))
         return
