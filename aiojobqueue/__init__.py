@@ -14,6 +14,7 @@ from .errors import (
     NotJSONError,
     NotStartedError,
     PermanentError,
+    ScheduleNotFoundError,
     SchemaError,
     UnsupportedDatabaseError,
 )
@@ -27,6 +28,7 @@ from .queue import JobQueue
 from .schema import metadata
 from .snooze import Snooze
 from .sync import SyncBatch, SyncQueue
+from .tags import InvalidTagError
 
 __all__ = [
     "AioJobQueueError",
@@ -38,6 +40,7 @@ __all__ = [
     "Handler",
     "InvalidJobError",
     "InvalidStateError",
+    "InvalidTagError",
     "Job",
     "JobCancelled",
     "JobContext",
@@ -54,6 +57,7 @@ __all__ = [
     "PermanentError",
     "RateLimit",
     "Reason",
+    "ScheduleNotFoundError",
     "SchemaError",
     "Snooze",
     "SyncBatch",

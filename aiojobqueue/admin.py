@@ -18,6 +18,7 @@ from sqlalchemy import case, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as S
+from . import tags
 from .errors import InvalidJobError, JobNotFoundError
 from .models import Job, JobState
 from .snapshot import to_job
@@ -149,8 +150,10 @@ async def list_jobs(
     type: str | None = None,
     parent: int | None = None,
     limit: int = 50,
+    tag: str | None = None,
 ) -> list[Job]:
-    """The newest jobs first, optionally filtered. Raises InvalidJobError on a bad state."""
+    """The newest jobs first, optionally filtered. Raises InvalidJobError on a bad state
+    (InvalidTagError on a bad tag)."""
     J = q._t.jobs
     if state is not None and state not in {s.value for s in JobState}:
         raise InvalidJobError(
@@ -167,9 +170,15 @@ async def list_jobs(
         cond.append(J.c.type == type)
     if parent is not None:
         cond.append(J.c.parent_id == parent)
+    stmt, idc = select(J), J.c.id
+    if tag is not None:  # driven by the (tag, job_id) index: see tags.py
+        T = q._t.tags
+        stmt = select(J).select_from(T).join(J, J.c.id == T.c.job_id).where(
+            T.c.tag == tags.check_tag(tag))
+        idc = T.c.job_id
 
     async def read(conn: AsyncConnection) -> list[Job]:
-        rows = (await conn.execute(select(J).where(*cond).order_by(J.c.id.desc()).limit(limit)))
+        rows = (await conn.execute(stmt.where(*cond).order_by(idc.desc()).limit(limit)))
         return await _jobs(q, conn, rows.all())
 
     return await q._read(read)
@@ -185,7 +194,8 @@ async def _jobs(q: JobQueue, conn: AsyncConnection, rows: Sequence[Any]) -> list
             .order_by(D.c.depends_on_id)
         ):
             deps[jid].append(up)
-    return [to_job(r, deps[r.id]) for r in rows]
+    labels = await tags.tags_of(conn, q._t.tags, ids)
+    return [to_job(r, deps[r.id], labels.get(r.id, ())) for r in rows]
 
 
 @dataclass

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from . import schema as S
 from .errors import InvalidJobError, JobNotFoundError, NotJSONError
 from .handlers import Handler
+from .tags import check_tags
 
 if TYPE_CHECKING:
     from .handlers import HandlerSpec
@@ -103,6 +104,8 @@ class _Spec:
     is_external: bool = False
     #: the run condition (conditions.py): "done", "failed" or "finished"
     when: str = "done"
+    #: the job's tags (aiojobqueue.tags), checked
+    tags: tuple[str, ...] = ()
 
 
 class Batch:
@@ -138,6 +141,7 @@ class Batch:
         key: str | None = None,
         parent: Ref | None = None,
         when: str = "done",
+        tags: Iterable[str] | None = None,
     ) -> JobRef:
         """Add a job; returns a ref usable in ``depends_on``/``parent`` of later adds (its
         ``.id`` once the batch has been inserted).
@@ -149,15 +153,19 @@ class Batch:
         See ``JobQueue.enqueue`` for the other options. ``when``: run once every dependency
         is done (``"done"``, the default), once every one is terminal and one failed or was
         cancelled (``"failed"``), or once every one is terminal (``"finished"``); see
-        docs/workflows.md."""
+        docs/workflows.md. ``tags``: labels to find the job by (aiojobqueue.tags;
+        InvalidTagError on a bad one)."""
         if when.__class__ is not str or when not in S.WHEN_KINDS:
             raise InvalidJobError(f"when must be 'done', 'failed' or 'finished': {when!r}")
+        labels = check_tags(tags) if tags is not None else ()  # before anything is added
         ref = self._add(
             type, {} if args is None else args, False, group, weight, depends_on, run_after,
             priority, timeout, max_attempts, key, parent,
         )
         if when != "done":
             self._specs[-1].when = when
+        if labels:
+            self._specs[-1].tags = labels
         return ref
 
     def container(

@@ -21,6 +21,7 @@ from sqlalchemy import (
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as S
+from .live_policy import group_budgets
 from .policy import GroupDemand
 from .sql import ONE, lit, opaque
 
@@ -193,6 +194,8 @@ class Census:
         self.seen: set[str] = set()  # ... by name
         self.busy = 0  # groups that run jobs
         self.ran_out = False  # the names after the cursor ran out (the scan wrapped round)
+        #: the starts each rated group's rate allowed, counted once per claim
+        self.budget: dict[str, int] = {}
 
     def open_idle(self) -> int:
         """Groups read that run nothing and may take a slot."""
@@ -226,18 +229,23 @@ class Census:
             self.busy = len({r[0] for r in rows if r[3]})
         self.read_running = True
         scanned = [r[0] for r in rows if r[1]]
-        caps = self.c.settings.group_limits
+        live = self.c.live
         for g, n, w, r in rows:
             if g in self.gone:
                 continue
             if (n and self.wrapped and not self.whole and self.cursor is not None
                     and g > self.cursor):
                 continue  # read before the wrap
-            cap = caps.get(g)
+            cap = live.cap(g)
             if not int(r):
                 self.idle.add(g)
-            self.demand[g] = GroupDemand(int(w or 1), int(r),
-                                         None if cap is None else max(cap - int(r), 0))
+            # a group's stored weight where set, else its heaviest ready job's
+            left = None if cap is None else max(cap - int(r), 0)
+            if g in self.budget:  # (its rate's budget, counted earlier in this claim)
+                left = self.budget[g] if left is None else min(left, self.budget[g])
+            self.demand[g] = GroupDemand(live.weight(g) or int(w or 1), int(r), left)
+        if live.group_rates:
+            await self._rate_caps(conn)
         self.seen.update(scanned)
         self.scanned += len(scanned)
         last = max(scanned) if scanned else None
@@ -255,6 +263,21 @@ class Census:
             # a group that runs jobs and was not met by a complete scan has no ready job
             for g in [g for g in self.demand if g not in self.seen]:
                 del self.demand[g]
+
+    async def _rate_caps(self, conn: AsyncConnection) -> None:
+        """Lower each rated group's share to the starts its rate still allows (counted
+        under the gate, in the claim's transaction), once per group per claim."""
+        live = self.c.live
+        rates = {g: r for g in self.demand if g not in self.budget
+                 and (r := live.group_rate(g)) is not None}
+        if not rates:
+            return
+        budgets = await group_budgets(conn, self.c.db, rates)
+        self.budget.update(budgets)
+        for g, left in budgets.items():
+            d = self.demand[g]
+            self.demand[g] = GroupDemand(d.weight, d.running,
+                                         left if d.cap is None else min(d.cap, left))
 
     def ran_dry(self, g: str) -> None:
         self.demand.pop(g, None)

@@ -31,6 +31,7 @@ from .census import Census, others_query
 from .claimed import Claimed, Hold, LeaseAsk, claimed_rows
 from .database import Database
 from .lease import LeasePath, ReturningLease, ready_among
+from .live_policy import LivePolicy, caps_held, spend_group_rates
 from .policy import GroupDemand, fair_share, rotation_key
 from .settings import Settings
 from .sql import lit
@@ -55,6 +56,11 @@ class Claimer:
     def __init__(self, settings: Settings, db: Database) -> None:
         self.settings = settings
         self.db = db
+        #: the stored policy as this process last read it: caps, weights, rates, pauses
+        self.live = LivePolicy(settings)
+        #: the policy generation whose caps a count found held: the hand-over (which
+        #: keeps a count where it was) is off from a change until then (caps_held)
+        self.checked = 0
         self.path: LeasePath = db.ops.lease_path(db, settings)
         #: the same picks, leasing into ``leased`` (held ahead: see _take_over)
         self.hold_path: LeasePath = type(self.path)(db, settings, S.LEASED)
@@ -108,7 +114,7 @@ class Claimer:
         """The one group with runnable jobs, if a recent census found just one and fair
         share has nothing to split (no group caps): claims may skip the census for a moment.
         A new group is seen within GROUPS_EVERY, or at once when the known one runs dry."""
-        if self.single_group is None or self.settings.group_limits:
+        if self.single_group is None or self.live.per_group:
             return None
         poll = self.settings.poll_interval
         window = poll if quick else min(GROUPS_EVERY, poll)
@@ -118,9 +124,10 @@ class Claimer:
         """A LeaseAsk where claim() would do nothing but pick from its known group: no
         promotion due, no gate, no counted cap or limit; else None (claim normally)."""
         now = time.monotonic()
-        s = self.settings
-        if (want <= 0 or not types or s.needs_gate or s.concurrency is not None
-                or s.db_limits or self._promotion_due(now, quick)):
+        live = self.live
+        types = live.types(types)
+        if (want <= 0 or not types or live.needs_gate or live.concurrency is not None
+                or live.rated or self._promotion_due(now, quick)):
             return None
         group = self._known_group(now, quick)
         return None if group is None else LeaseAsk(group, types, want)
@@ -133,11 +140,12 @@ class Claimer:
         every one of them is of that group; else None. It promotes nothing: a due
         ``scheduled`` job waits for the first claim after the hand-over's window (the
         census's, GROUPS_EVERY), which promotes before it counts."""
-        s = self.settings
-        if want <= 0 or not types or not s.needs_gate:
+        live = self.live
+        types = live.types(types)
+        if want <= 0 or not types or not live.needs_gate:
             return None
         hand = self._handover(time.monotonic(), quick, freeing)
-        if hand is None or (hand[0] in s.group_limits and len(freeing) > 1):
+        if hand is None or (live.cap(hand[0]) is not None and len(freeing) > 1):
             return None
         return LeaseAsk(hand[0], types, min(want, hand[1]), hand=True)
 
@@ -160,13 +168,13 @@ class Claimer:
     def cap_looks_full(self) -> bool:
         """The last claim found the global cap full: look (``cap_is_full``, outside the
         claim's transaction) before queueing for the gate."""
-        return self.settings.concurrency is not None and self.cap_full
+        return self.live.concurrency is not None and self.cap_full
 
     async def cap_is_full(self, conn: AsyncConnection) -> bool:
         """Whether the global cap is full now, counted without the gate or any write lock
         (a claim that can lease nothing must not hold up the one whose finalize just freed
         a slot). Without the lock this only ever declines a claim, never grants one."""
-        c = self.settings.concurrency
+        c = self.live.concurrency
         full = c is not None and (await conn.execute(self.count_running())).scalar_one() >= c
         self.cap_full = full
         return full
@@ -191,14 +199,16 @@ class Claimer:
         the transaction, so no claim under the gate can be misled into exceeding a cap.
         ``holding``: only jobs to hold ahead are asked for (no slot is free here): (g, 0)
         where the rest applies, whatever was freed (a held job is counted by no cap)."""
-        s = self.settings
-        if (freed is None or (not freed and not holding) or s.db_limits
+        live = self.live
+        if (freed is None or (not freed and not holding) or live.rated
+                or live.generation != self.checked
                 or self.single_group is None or self.handover_stale(now, quick)):
             return None
         g = self.single_group
-        if s.group_limits.get(g) == 0:
+        cap = live.cap(g)
+        if cap == 0:
             return None  # paused: no hand-over keeps it running
-        n = freed.get(g, 0) if g in s.group_limits else sum(freed.values())
+        n = freed.get(g, 0) if cap is not None else sum(freed.values())
         return (g, n) if n > 0 or holding else None
 
     async def claim(
@@ -218,6 +228,9 @@ class Claimer:
         if self._promotion_due(now, quick):
             await self.promote_due(conn)
             self.promoted_at = now
+        types = self.live.types(types)  # (none while the queue is paused)
+        if not types:
+            return []
         took = await self._handover_claim(conn, now, want, types, quick, freed, hold)
         if took is not None:
             return took
@@ -233,7 +246,7 @@ class Claimer:
         known = self._known_group(now, quick)
         if known is None and await self._still_alone(conn, now):
             known = self.single_group
-        if known is None and not self.settings.group_limits:
+        if known is None and not self.live.per_group:
             await self._pick_before_census(conn, p)
         await self._census_and_picks(conn, p, known)
         return await self._lease_picks(conn, p)
@@ -245,13 +258,16 @@ class Claimer:
         """The claim as a hand-over (see _handover: under a cap, the slots this
         transaction's finalize freed, without the gate), where one applies and is all the
         claim does; else None: the claim goes on under the gate."""
-        s = self.settings
+        live = self.live
         # jobs to hold: a hand-over of no slot may lease them (see below)
         holding = hold is not None and hold.room(0) > 0
         asking = want > 0 or holding
-        hand = self._handover(now, quick, freed, holding) if s.needs_gate and asking else None
-        if (hand is None and freed is not None and (freed or holding) and s.needs_gate
-                and asking and not s.db_limits
+        if (live.generation != self.checked and freed is not None and live.needs_gate
+                and await caps_held(conn, self.db, live, freed, self.count_running())):
+            self.checked = live.generation
+        hand = self._handover(now, quick, freed, holding) if live.needs_gate and asking else None
+        if (hand is None and freed is not None and (freed or holding) and live.needs_gate
+                and asking and not live.rated
                 and self.handover_stale(now, quick) and await self.still_one_group(conn, types)):
             hand = self._handover(now, quick, freed, holding)
         if hand is None:
@@ -267,16 +283,16 @@ class Claimer:
     async def _free_slots(self, conn: AsyncConnection, want: int) -> int:
         """Take the gate (where a cap must be counted exactly), then how many of ``want``
         slots the global cap and the RateLimits leave free (0 or less: none)."""
-        s, db = self.settings, self.db
+        live, db = self.live, self.db
         count_running = self.count_running()
-        if s.needs_gate:
+        if live.needs_gate:
             await db.ops.lock_gate(conn)
         free = want
-        if s.concurrency is not None:
+        if live.concurrency is not None:
             running_all = (await conn.execute(count_running)).scalar_one()
-            self.cap_full = running_all >= s.concurrency
-            free = min(free, s.concurrency - running_all)
-        for limit in s.db_limits:
+            self.cap_full = running_all >= live.concurrency
+            free = min(free, live.concurrency - running_all)
+        for limit in live.db_limits:
             free = min(free, await limit.budget(conn, db.t))
         return free
 
@@ -426,15 +442,18 @@ class Claimer:
         """Lease what the picks took (where the pick did not already), and spend the
         RateLimits' budgets on it. Where nothing was leased, note whether a ready job of
         a group tried was passed over (held by another claim's pick: passed_over)."""
-        s, db = self.settings, self.db
+        live, db = self.live, self.db
         out = await self.path.leased(conn, p.taken)
         if not out:
             if p.tried and db.ops.skip_locked_passes_unmatched:
                 self.passed_over = await ready_among(db, conn, sorted(p.tried), p.types)
             return []
-        for limit in s.db_limits:
+        for limit in live.db_limits:
             await limit.consume(conn, db.t, len(out))
-        return claimed_rows(out)
+        got = claimed_rows(out)
+        if live.group_rates:
+            await spend_group_rates(conn, db, live, (c.group for c in got))
+        return got
 
     async def _still_alone(self, conn: AsyncConnection, now: float) -> bool:
         """Where a census found one group with runnable jobs and its window ran out: whether
@@ -444,7 +463,7 @@ class Claimer:
         counts to read: fair share gives the only group every slot). Where another group
         has ready jobs the census reads them all, as before."""
         g = self.single_group
-        if g is None or self.settings.group_limits:
+        if g is None or self.live.per_group:
             return False
         db = self.db
         stmt = db.stmt("claim.others", lambda: others_query(db.t, db.ops))

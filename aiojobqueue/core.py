@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from . import threads
 from .actions import Actions
 from .claim import Claimer
 from .claimed import Claimed
@@ -22,6 +23,7 @@ from .fanout import SplitReleases
 from .finalize import Finalizer
 from .hooks import Hooks
 from .insert import Inserter
+from .live_policy import declare
 from .migrate import check, install_routines, upgrade
 from .schema import Tables
 from .settings import Settings
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
     from .batch import Batch
     from .executor import HandlerSpec, JobContext
     from .migrate import Routines
-    from .periodic import Schedule
+    from .periodic import Clock, Schedule
     from .worker.rounds import ParallelRound
 
 
@@ -61,6 +63,8 @@ class Core:
     round_kind: type[ParallelRound]
     #: the engine is aiojobqueue's (built from a URL): close_core disposes of it
     owns_engine: bool = False
+    #: the schedules' clock (JobQueue.schedule_clock; None: the database's)
+    schedule_clock: Clock | None = None
 
 
 def build_core(s: Settings, db: Database, routines: Routines | None, *,
@@ -105,6 +109,7 @@ async def open_core(url: str | AsyncEngine, s: Settings, tables: Tables, *, migr
     try:
         await (upgrade(db) if migrate else check(db))
         routines = await install_routines(db, create=migrate)
+        await declare(db, s)
     except BaseException:
         await ops.release()
         if owned:
@@ -115,6 +120,7 @@ async def open_core(url: str | AsyncEngine, s: Settings, tables: Tables, *, migr
         handlers=handlers, schedules=schedules, make_context=make_context(db),
         batch_on=batch_on)
     core.owns_engine = owned
+    await core.claimer.live.refresh(db, force=True)
     return core, inserter
 
 
@@ -123,6 +129,7 @@ async def close_core(core: Core) -> None:
     sweep's), then the dialect gives back what it holds, then the engine aiojobqueue built
     is disposed of (a passed-in one is left alone)."""
     await core.splits.close()
+    threads.close(core)
     await core.db.ops.release()
     if core.owns_engine:
         await core.db.engine.dispose()

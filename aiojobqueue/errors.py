@@ -29,6 +29,10 @@ class JobNotFoundError(AioJobQueueError, LookupError):
     """No job has this id."""
 
 
+class ScheduleNotFoundError(AioJobQueueError, LookupError):
+    """No periodic schedule has this name (in the schedules table)."""
+
+
 class InvalidStateError(AioJobQueueError, RuntimeError):
     """The job is not in a state that allows this operation (e.g. retry of a done job)."""
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import update
 
-from . import fanin, progress, tracing
+from . import fanin, progress, threads, tracing
 from . import schema as S
 from .batch import Batch, check_json
 from .claimed import Claimed
@@ -164,7 +164,8 @@ async def run_attempt(core: Core, c: Claimed, reasons: Reasons,
     outcome: Outcome | None
     try:
         async with tmo:
-            result = await spec.fn(ctx, **c.args)
+            result = await (threads.call_plain(core, spec.fn, ctx, c.args) if spec.plain
+                            else spec.fn(ctx, **c.args))
     except asyncio.CancelledError:
         reason = reasons.get((c.id, c.attempt))
         if reason is None:

@@ -1,12 +1,12 @@
 """Why a job is not running: ``queue.explain(job_id)``, and what ``status`` flags.
 
 The answer is read from the database in one read-only transaction, through the started
-queue's ``Core`` (its settings and database). The caps it checks are those that hold the
-fleet: this queue's own settings, and those the live workers registered (each worker writes
-its job types, capacity, ``concurrency``, ``group_limits`` and rate limits with its
-heartbeat, see ``fleet.registration``). A custom ``Limit`` lives in its process:
-only this queue's own are asked. A worker is live while its last heartbeat is younger than
-this queue's ``lease_ttl``.
+queue's ``Core`` (its settings and database). Pauses, caps and the queue's and groups'
+rates are the stored policy's (``explain_policy.py``): what every worker follows, wherever
+explain runs. Which live workers serve a type, and the per-process rate limits (a
+``RateLimit`` with a name of its own) come from the workers' registrations (see
+``fleet.registration``). A custom ``Limit`` lives in its process: only this queue's own are
+asked. A worker is live while its last heartbeat is younger than this queue's ``lease_ttl``.
 
 Reason codes (``Reason.code``), in the order they are reported:
 
@@ -23,8 +23,11 @@ Reason codes (``Reason.code``), in the order they are reported:
 * ``scheduled``  its ``run_after`` has not come (data: when);
 * ``backoff``    a failed attempt's retry delay has not passed (data: when, attempt, error);
 * ``no_worker``  no live worker serves its type (data: type, live_workers);
-* ``global_cap`` the fleet-wide ``concurrency`` is reached (data: cap, running);
-* ``group_cap``  its group's cap is reached (data: group, cap, running);
+* ``paused``     the whole queue, its group or its type is paused, one reason each (data:
+                 scope "queue", "group" or "type", name);
+* ``global_cap`` the stored ``concurrency`` is reached (data: cap, running);
+* ``group_cap``  its group's cap (its own row's, else the "*" row's) is reached (data:
+                 group, cap, running; its detail says when the cap is the "*" row's);
 * ``rate_limit`` a RateLimit is used up (data: name, n, per, next_at);
 * ``limit``      one of this queue's custom Limits allows no start now (data: limit);
 * ``fair_share`` slots are scarce and other groups are owed the next ones (data: group,
@@ -49,6 +52,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from . import schema as S
 from .census import group_demand_query
 from .errors import JobNotFoundError
+from .explain_policy import policy_holds
 from .fleet import fleet_caps
 from .limits import RateLimit
 from .models import JobState
@@ -62,7 +66,8 @@ if TYPE_CHECKING:
     from .database import Database
 
 CODES = ("terminal", "running", "external", "waiting_on", "condition", "scheduled", "backoff",
-         "no_worker", "global_cap", "group_cap", "rate_limit", "limit", "fair_share", "ready")
+         "no_worker", "paused", "global_cap", "group_cap", "rate_limit", "limit", "fair_share",
+         "ready")
 #: At most this many ids in a ``waiting_on`` reason (its detail says how many in all).
 MAX_IDS = 100
 
@@ -296,24 +301,10 @@ async def _held(
             "no_worker",
             f"No live worker serves type {row.type!r} ({n} live worker(s) serve other types).",
             {"type": row.type, "live_workers": n}))
-    running = J.c.state == lit(S.RUNNING)
-    if fleet.concurrency is not None:
-        n = await _count(conn, select(func.count()).select_from(J).where(running))
-        if n >= fleet.concurrency:
-            out.append(Reason(
-                "global_cap",
-                f"The global cap is full: {n} of {fleet.concurrency} jobs are running.",
-                {"cap": fleet.concurrency, "running": n}))
-    cap = fleet.group_limits.get(row.group_key)
-    if cap is not None:
-        n = await _count(conn, select(func.count()).select_from(J)
-                         .where(running, J.c.group_key == row.group_key))
-        if n >= cap:
-            out.append(Reason(
-                "group_cap",
-                f"Group {row.group_key!r} is at its cap: {n} of {cap} jobs are running.",
-                {"group": row.group_key, "cap": cap, "running": n}))
-    for lim in fleet.rate_limits:
+    held, rates = await policy_holds(db, conn, row)  # pauses, caps, rates: the stored policy
+    out += [Reason(*h) for h in held]
+    own = [r for r in fleet.rate_limits if r.name not in {x.name for x in rates}]
+    for lim in rates + own:
         if await lim.budget(conn, db.t) > 0:
             continue
         opens = await _next_rate_slot(db, conn, lim)

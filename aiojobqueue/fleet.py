@@ -15,8 +15,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as S
 from .limits import RateLimit
+from .live_policy import QUEUE_RATE_NAME
 from .settings import Settings
 from .sql import lit
+from .stored_policy import read_policy_on
 from .timeutil import db_now, utcnow_plus
 
 if TYPE_CHECKING:
@@ -57,6 +59,12 @@ class FleetCaps:
     concurrency: int | None
     group_limits: dict[str, int]
     rate_limits: list[RateLimit]
+    #: the stored ``"*"`` row's cap: every group not in ``group_limits`` (None: no cap)
+    default_cap: int | None = None
+
+    def cap(self, group: str) -> int | None:
+        """The cap that holds ``group``: its own, else the ``"*"`` row's."""
+        return self.group_limits.get(group, self.default_cap)
 
     def serving(self, job_type: str) -> list[Any]:
         """Live workers that serve ``job_type`` (one registered before v6 might)."""
@@ -68,19 +76,21 @@ async def fleet_caps(s: Settings, db: Database, conn: AsyncConnection) -> FleetC
     rows = (await conn.execute(
         select(W.c.id, W.c.types, W.c.capacity, W.c.running, W.c.config)
         .where(W.c.last_seen >= utcnow_plus(-s.lease_ttl)).order_by(W.c.id))).all()
-    caps = [s.concurrency] if s.concurrency is not None else []
-    groups: dict[str, int] = dict(s.group_limits)
-    rates = {r.name: r for r in s.db_limits}
+    # The caps in force are the stored policy's (every worker enforces it, whatever it
+    # declared); RateLimits of other names stay per process, as each worker registered them
+    p = await read_policy_on(db, conn)
+    # (a paused group is explain's ``paused``, not a cap)
+    groups = {g: gp.cap for g, gp in p.groups.items() if gp.cap is not None}
+    rates = {QUEUE_RATE_NAME: p.rate} if p.rate is not None else {}
+    for r in s.db_limits:
+        if r.name != QUEUE_RATE_NAME:
+            rates.setdefault(r.name, r)
     for w in rows:
         cfg = w.config if isinstance(w.config, dict) else {}
-        if isinstance(cfg.get("concurrency"), int):
-            caps.append(cfg["concurrency"])
-        for g, n in (cfg.get("group_limits") or {}).items():
-            groups[g] = min(groups.get(g, n), n)
         for r in cfg.get("rate_limits") or ():
-            if r.get("name") not in rates:
+            if r.get("name") not in rates and r.get("name") != QUEUE_RATE_NAME:
                 rates[r["name"]] = RateLimit(int(r["n"]), float(r["per"]), name=r["name"])
-    return FleetCaps(list(rows), min(caps) if caps else None, groups, list(rates.values()))
+    return FleetCaps(list(rows), p.concurrency, groups, list(rates.values()), p.default.cap)
 
 
 async def unserved_types(queue: JobQueue) -> dict[str, int]:
@@ -109,7 +119,13 @@ async def groups_at_cap(queue: JobQueue) -> list[GroupAtCap]:
     async def read(conn: AsyncConnection) -> list[GroupAtCap]:
         fleet = await fleet_caps(s, db, conn)
         out = []
-        for g, cap in sorted(fleet.group_limits.items()):
+        caps = dict(fleet.group_limits)
+        if fleet.default_cap is not None:  # every group with ready jobs has that cap
+            ready_groups = await conn.execute(select(J.c.group_key).where(
+                J.c.state == lit(S.READY)).distinct())
+            for (g,) in ready_groups:
+                caps.setdefault(g, fleet.default_cap)
+        for g, cap in sorted(caps.items()):
             running = await _count(conn, select(func.count()).select_from(J).where(
                 J.c.state == lit(S.RUNNING), J.c.group_key == g))
             if running < cap:

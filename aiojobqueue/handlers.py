@@ -15,7 +15,7 @@ import functools
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from .errors import ConfigurationError, PermanentError
 
@@ -119,6 +119,8 @@ class HandlerSpec:
     retry_on: tuple[type[BaseException], ...] = (Exception,)
     #: the args it takes (None: not known, not checked)
     params: Params | None = None
+    #: a plain ``def``: it runs in a worker thread (threads.py)
+    plain: bool = False
 
     def retryable(self, exc: BaseException) -> bool:
         """May an attempt that raised ``exc`` be retried (attempts permitting)?"""
@@ -165,26 +167,42 @@ class Handler(Generic[P, R]):
         return f"<Handler {self.type!r} {getattr(self.spec.fn, '__qualname__', '?')}>"
 
 
+class Register(Protocol):
+    """What ``JobQueue.handler(...)`` returns: the decorator of an ``async def`` or a plain
+    ``def`` handler."""
+
+    @overload
+    def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]]) -> Handler[P, R]: ...
+
+    @overload
+    def __call__(self, fn: Callable[P, R]) -> Handler[P, R]: ...
+
+
 def registrar(
     type: str, timeout: float | None, max_attempts: int | None, retry_on: RetryOn,
     handlers: dict[str, HandlerSpec], enqueue: Callable[..., Awaitable[int]],
-) -> Callable[[Callable[P, Coroutine[Any, Any, R]]], Handler[P, R]]:
+) -> Register:
     """The decorator ``JobQueue.handler(type, ...)`` returns: the options are checked now,
     the function when it is decorated (an async function taking ``ctx`` and its args by
     name); it is then registered in ``handlers`` and comes back as a ``Handler`` whose
-    ``.enqueue`` calls ``enqueue``. Raises ConfigurationError."""
+    ``.enqueue`` calls ``enqueue``. A plain ``def`` runs in a worker thread (threads.py).
+    Raises ConfigurationError."""
     if timeout is not None and timeout <= 0:
         raise ConfigurationError(f"timeout must be > 0: {timeout!r}")
     if max_attempts is not None and max_attempts < 1:
         raise ConfigurationError(f"max_attempts must be >= 1: {max_attempts!r}")
     retry = retry_types(retry_on, type)
 
-    def register(fn: Callable[P, Coroutine[Any, Any, R]]) -> Handler[P, R]:
+    def register(fn: Callable[P, Any]) -> Handler[P, Any]:
         if isinstance(fn, Handler):  # registered again (another type or queue)
             fn = fn.fn
-        if not asyncio.iscoroutinefunction(fn):
-            raise ConfigurationError(f"handler for {type!r} must be an async function")
-        spec = HandlerSpec(fn, timeout, max_attempts, retry, Params.of(fn, type))
+        if not callable(fn) or inspect.isclass(fn):
+            raise ConfigurationError(f"handler for {type!r} must be a function: {fn!r}")
+        if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+            raise ConfigurationError(
+                f"handler for {type!r} must be a function, not a generator: {fn!r}")
+        plain = not asyncio.iscoroutinefunction(fn)
+        spec = HandlerSpec(fn, timeout, max_attempts, retry, Params.of(fn, type), plain)
         handlers[type] = spec
         return Handler(type, spec, enqueue)
 

@@ -24,6 +24,7 @@ from .dialects.bulk import InsertPath, JobColumns
 from .errors import InvalidJobError
 from .settle import Settler
 from .signals import Signals
+from .tags import insert_tags
 from .timeutil import db_now, utcnow_plus
 
 CHUNK = 1000
@@ -91,7 +92,7 @@ class Inserter:
         return len(specs) <= BULK_ROWS and all(
             s.key is None and not s.depends_on and s.parent is None and not s.is_container
             and not s.is_external and s.when == "done"
-            and s.group in known and not isinstance(s.run_after, datetime)
+            and not s.tags and s.group in known and not isinstance(s.run_after, datetime)
             for s in specs
         )
 
@@ -198,6 +199,9 @@ class Inserter:
         if graph:
             edges = [(s.ref.id, resolve(d)) for s in fresh for d in s.dep_nodes]
             await self.db.ops.insert_edges(conn, [j for j, _ in edges], [u for _, u in edges])
+        pairs = [(s.ref.id, t) for s in fresh for t in s.tags]
+        if pairs:
+            await insert_tags(conn, self.db.t.tags, pairs)
         groups = sorted({s.group for s in fresh if not s.is_container})
         if groups:
             await self.claimer.ensure_groups(conn, groups)

@@ -66,6 +66,15 @@ class RateLimit(Limit):
     def __repr__(self) -> str:
         return f"RateLimit({self.n}, per={self.per}, name={self.name!r})"
 
+    def __eq__(self, other: object) -> bool:
+        # by value: a stored policy read twice holds equal rates (stored_policy.Policy)
+        if not isinstance(other, RateLimit):
+            return NotImplemented
+        return (self.n, self.per, self.name) == (other.n, other.per, other.name)
+
+    def __hash__(self) -> int:
+        return hash((self.n, self.per, self.name))
+
     async def available(self) -> int:
         """``n``: the fleet-wide count is taken inside each claim (see ``budget``)."""
         return self.n

@@ -107,6 +107,7 @@ async def _upgrade_once(db: Database) -> int:
         await _v8_to_v9(db)
     if 0 < found < 10:
         await _v9_to_v10_workflows(db)
+        await _v9_to_v10_ops_schedules(db)
     async with db.engine.begin() as conn:
         await conn.run_sync(db.t.metadata.create_all, checkfirst=True)
     async with db.engine.begin() as conn:
@@ -352,6 +353,22 @@ def routine_spec(db: Database) -> tuple[str, list[str]] | None:
             db, g, n, of_types, lease_values(db.t, ttl, owner)),
         lambda ids: drop_one_stmt(db, ids), fanout.SPLIT, fanout.PART,
     )
+
+
+async def _v9_to_v10_ops_schedules(db: Database) -> None:
+    """v10: the ``schedules`` table (schema.schedule_table). Each schedule's high-water mark
+    moves from its ``cron:<name>`` meta row to its row there, so no slot is enqueued again
+    after the upgrade; the spec columns stay empty until a worker declares the schedule.
+    Idempotent: the table is created only if missing, a row only where none exists."""
+    M, T = db.t.meta, db.t.schedules
+    async with db.engine.begin() as conn:
+        await db.ops.lock_gate(conn)
+        await conn.run_sync(T.create, checkfirst=True)
+        marks = (await conn.execute(
+            select(M.c.name, M.c.value).where(M.c.name.like("cron:%")))).all()
+        rows = [{"name": n[5:], "last_slot": v} for n, v in marks if 0 < len(n) - 5 <= 50]
+        if rows:
+            await db.ops.insert_ignore(conn, T, rows)
 
 
 async def install_routines(db: Database, create: bool) -> Routines | None:

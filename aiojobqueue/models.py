@@ -68,6 +68,8 @@ class Job:
     snoozes: int = 0
     #: An external step (``b.external`` / ``enqueue_external``): no worker runs it.
     is_external: bool = False
+    #: The job's tags (``enqueue(..., tags=[...])``), sorted.
+    tags: tuple[str, ...] = ()
 
     @property
     def terminal(self) -> bool:

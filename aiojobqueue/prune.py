@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from . import schema as S
 from .admin import now
 from .errors import InvalidJobError
+from .tags import delete_tags
 
 if TYPE_CHECKING:
     from .queue import JobQueue
@@ -123,6 +124,7 @@ async def prune(
                     .where(D.c.job_id.in_(part) | D.c.depends_on_id.in_(part))
                 )).scalar_one())
                 continue
+            await delete_tags(conn, q._t.tags, part)
             r1 = await conn.execute(delete(D).where(D.c.job_id.in_(part)))
             r2 = await conn.execute(delete(D).where(D.c.depends_on_id.in_(part)))
             res.edges += int(r1.rowcount) + int(r2.rowcount)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from functools import partial
 from types import TracebackType
@@ -15,7 +15,9 @@ from typing import Any, Generic, ParamSpec, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
+from . import schedules as schedule_ops
 from . import schema as S
+from . import stored_policy
 from .batch import MAX_ID, Batch, JobRef
 from .core import Core, close_core, open_core
 from .debounce import enqueue as debounced
@@ -29,14 +31,17 @@ from .errors import (
 )
 from .executor import JobContext
 from .explain import Explanation, explain
-from .handlers import Handler, HandlerSpec, RetryOn, registrar
+from .handlers import Handler, HandlerSpec, Register, RetryOn, registrar
 from .hooks import Hooks
 from .insert import Inserter
-from .limits import Limit
+from .limits import Limit, RateLimit
 from .models import Job, JobState
-from .periodic import Schedule, make_schedule
+from .periodic import Clock, Schedule, make_schedule
+from .retention import check_retention, declare
+from .schedules import ScheduleInfo
 from .settings import DEFAULT_POOL_SIZE, Settings
 from .snapshot import read_job
+from .stored_policy import UNSET, Policy, Unset
 from .worker import Worker
 from .workflowapi import ExternalSteps
 
@@ -84,6 +89,10 @@ class JobQueue(ExternalSteps):
     PostgreSQL a serving worker holds one more, for LISTEN, opened to ``listen_url`` where
     given: a direct connection when ``url`` goes through a transaction pooler such as
     PgBouncer (see docs/deploying.md).
+
+    ``retention`` (``{"done": timedelta(days=7), "failed": ..., "cancelled": ...}``): how
+    long finished DAGs are kept, per state; stored in the database at start and applied by
+    every serving worker (see aiojobqueue.retention, docs/operations.md).
     """
 
     def __init__(
@@ -106,6 +115,7 @@ class JobQueue(ExternalSteps):
         worker_id: str | None = None,
         pool_size: int = DEFAULT_POOL_SIZE,
         listen_url: str | None = None,
+        retention: Mapping[str, timedelta] | None = None,
     ) -> None:
         if isinstance(url, AsyncEngine) and pool_size != DEFAULT_POOL_SIZE:
             raise ConfigurationError(
@@ -120,11 +130,14 @@ class JobQueue(ExternalSteps):
             worker_id=worker_id or "", pool_size=pool_size,
             listen_url=listen_url_for(url, listen_url),
         )
+        #: stored at start where it differs (aiojobqueue.retention); None: left as stored
+        self._retention = None if retention is None else check_retention(retention)
         self._url = async_url(url) if isinstance(url, str) else url
         self._t = S.build_tables(prefix)
         self._handlers: dict[str, HandlerSpec] = {}
         self._hooks = Hooks()
         self._schedules: dict[str, Schedule] = {}
+        self._schedule_clock: Clock | None = None
         #: the parts of the started queue (None until start())
         self._core: Core | None = None
         self._inserter: Inserter | None = None
@@ -167,8 +180,10 @@ class JobQueue(ExternalSteps):
         timeout: float | None = None,
         max_attempts: int | None = None,
         retry_on: RetryOn = Exception,
-    ) -> Callable[[Callable[P, Coroutine[Any, Any, R]]], Handler[P, R]]:
-        """Register ``async def fn(ctx, **args)`` as the handler of jobs of ``type``.
+    ) -> Register:
+        """Register ``async def fn(ctx, **args)`` as the handler of jobs of ``type`` (or a
+        plain ``def fn(ctx, **args)``: it runs in a worker thread, at most ``capacity`` at
+        once, with a synchronous ``ctx``: see threads.ThreadContext).
 
         ``timeout`` and ``max_attempts`` are the type's defaults (an enqueue may override
         them). ``retry_on``: the exception classes worth another attempt (default: every
@@ -188,18 +203,23 @@ class JobQueue(ExternalSteps):
         args: dict[str, Any] | None = None,
         every: timedelta | float | None = None,
         cron: str | None = None,
+        tz: str | None = None,
         **options: Any,
     ) -> None:
         """Enqueue a ``type`` job once per slot, across every worker serving this database.
 
         Give ``every`` (a timedelta or seconds; slots aligned to the Unix epoch, UTC) or
-        ``cron`` (a 5-field cron expression, UTC). ``options`` are enqueue options: group,
-        weight, priority, timeout, max_attempts. serve() runs the schedules; each slot is
-        enqueued exactly once even with many workers (see ``aiojobqueue.periodic``).
+        ``cron`` (a 5-field cron expression, in the IANA time zone ``tz``, default UTC: a
+        wall time skipped by daylight saving is no slot, one that repeats is one slot).
+        ``options`` are enqueue options: group, weight, priority, timeout, max_attempts.
+        start() declares the schedule into the schedules table (where it differs); serve()
+        runs it; each slot is enqueued exactly once even with many workers (see
+        ``aiojobqueue.periodic`` and ``aiojobqueue.schedules``).
         """
         if name in self._schedules:
             raise ConfigurationError(f"a schedule named {name!r} is already registered")
-        sched = make_schedule(name, type=type, args=args, every=every, cron=cron, **options)
+        sched = make_schedule(name, type=type, args=args, every=every, cron=cron, tz=tz,
+                              **options)
         self.batch().add(sched.type, sched.args, **sched.options)  # bad options fail now
         self._schedules[name] = sched
 
@@ -233,6 +253,14 @@ class JobQueue(ExternalSteps):
             # (a partial: no Python frame per job)
             make_context=lambda db: partial(JobContext, self, db, s.worker_id),
             batch_on=lambda conn: self.batch(connection=conn))
+        try:
+            await schedule_ops.on_start(self._core, self._schedule_clock, declare=migrate)
+        except BaseException:  # a start that fails leaves nothing open
+            core, self._core = self._core, None
+            await close_core(core)
+            raise
+        if self._retention is not None and migrate:
+            await declare(self._core.db, self._retention)
 
     async def close(self) -> None:
         """Dispose of the engine aiojobqueue created (a passed-in engine is left alone)."""
@@ -287,6 +315,7 @@ class JobQueue(ExternalSteps):
         debounce: timedelta | float | None = None,
         debounce_max: timedelta | float | None = None,
         when: str = "done",
+        tags: Iterable[str] | None = None,
     ) -> int:
         """Enqueue one job and return its id (with a live ``key``: the existing job's id).
 
@@ -302,11 +331,11 @@ class JobQueue(ExternalSteps):
             return await debounced(self, type, args, key, debounce, debounce_max, dict(
                 group=group, weight=weight, depends_on=depends_on, run_after=run_after,
                 priority=priority, timeout=timeout, max_attempts=max_attempts, parent=parent,
-                when=when))
+                when=when, tags=tags))
         b = self.batch()
         ref = b.add(type, args, group=group, weight=weight, depends_on=depends_on,
                     run_after=run_after, priority=priority, timeout=timeout,
-                    max_attempts=max_attempts, key=key, parent=parent, when=when)
+                    max_attempts=max_attempts, key=key, parent=parent, when=when, tags=tags)
         await b.commit()
         return ref.id
 
@@ -357,6 +386,70 @@ class JobQueue(ExternalSteps):
         await core.db.write(lambda conn: core.actions.retry(conn, job_id))
         core.signals.wake()
 
+    # -- the policy in the database (stored_policy.py) -----------------------------------
+    async def policy(self) -> Policy:
+        """The policy in force, as stored: caps, weights, rates and pauses."""
+        return await stored_policy.read_policy(self._started().db)
+
+    async def set_policy(self, *, concurrency: int | Unset | None = UNSET,
+                         rate: RateLimit | Unset | None = UNSET) -> None:
+        """Set the fleet-wide cap and/or the queue's rate; None clears one, an argument
+        not given is left as it is. Every worker sees it within ``poll_interval``."""
+        core = self._started()
+        await stored_policy.set_policy(core.db, concurrency=concurrency, rate=rate)
+        _policy_changed(core)
+
+    async def set_group(self, name: str, *, weight: int | Unset | None = UNSET,
+                        cap: int | Unset | None = UNSET,
+                        rate: RateLimit | Unset | None = UNSET) -> None:
+        """Set group ``name``'s weight, cap and/or rate (None clears one). ``"*"`` is the
+        row every group without one of its own takes its cap and rate from."""
+        core = self._started()
+        await stored_policy.set_group(core.db, name, weight=weight, cap=cap, rate=rate)
+        _policy_changed(core)
+
+    async def pause(self, *, group: str | None = None, type: str | None = None) -> None:
+        """Start no job of ``group``, of ``type``, or (neither) of the whole queue until
+        ``resume``; running jobs finish."""
+        core = self._started()
+        await stored_policy.pause(core.db, group=group, type=type)
+        _policy_changed(core)
+
+    async def resume(self, *, group: str | None = None, type: str | None = None) -> None:
+        """Undo ``pause`` with the same arguments."""
+        core = self._started()
+        await stored_policy.resume(core.db, group=group, type=type)
+        _policy_changed(core)
+    # -- schedules (aiojobqueue.schedules) -------------------------------------------------
+    async def schedules(self) -> list[ScheduleInfo]:
+        """Every schedule in the database: spec, paused, last slot enqueued, next slot."""
+        return await schedule_ops.list_schedules(self._started().db)
+
+    async def pause_schedule(self, name: str) -> bool:
+        """Stop every worker enqueuing the schedule's slots (the one enqueued ahead is
+        cancelled unless it started). False if it was paused already.
+        Raises ScheduleNotFoundError."""
+        return await schedule_ops.pause(self._started(), name)
+
+    async def resume_schedule(self, name: str) -> bool:
+        """Enqueue the schedule's slots again, from the next one (slots missed while paused
+        are skipped). False if it was not paused. Raises ScheduleNotFoundError."""
+        return await schedule_ops.resume(self._started().db, name)
+
+    async def trigger_schedule(self, name: str) -> int:
+        """Enqueue one job of the schedule now (its slots stay as they are); its id.
+        Raises ScheduleNotFoundError."""
+        core = self._started()
+        job_id = await schedule_ops.trigger(core.db, core.batch_on, name)
+        core.signals.wake()
+        return job_id
+
+    def schedule_clock(self, clock: Clock | None) -> None:
+        """Read the schedules' time from ``await clock()`` (an aware datetime) instead of
+        the database's clock, from the next start() on: for tests that cross a daylight-
+        saving change. Every worker of a database should agree on the time."""
+        self._schedule_clock = clock
+
     # -- serving --------------------------------------------------------------------------
     async def serve(self) -> None:
         """Run jobs until cancelled; on cancellation shut down gracefully."""
@@ -376,6 +469,13 @@ class JobQueue(ExternalSteps):
             await self._worker.serve(until_idle=True)
         finally:
             self._worker = None
+
+
+def _policy_changed(core: Core) -> None:
+    """This process's worker reads the policy again before its next claim (others: at
+    their next look, or at once on the NOTIFY the change sent)."""
+    core.claimer.live.stale = True
+    core.signals.wake()
 
 
 def _check_id(job_id: Any) -> None:

@@ -80,6 +80,12 @@ class Tables:
     workers: Table
     rate: Table
     releases: Table
+    policy: Table
+    schedules: Table
+    #: v10: (job_id, tag) pairs (aiojobqueue.tags)
+    tags: Table
+    #: v10: the retention in force and its sweep's lease and last run (aiojobqueue.retention)
+    sweeps: Table
 
 
 def _partial(state: str) -> dict[str, Any]:
@@ -317,8 +323,65 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("ids", _Json, nullable=False),  # a part of its dependents still to release
         Column("created_at", UTCDateTime, nullable=False),
     )
+    # v10: the policy (caps, weights, rates, pauses) as rows; see stored_policy.py
+    policy = Table(
+        f"{p}policy",
+        md,
+        Column("scope", String(10), primary_key=True),  # queue | group | type
+        Column("name", String(200), primary_key=True),  # "" for the queue; "*": default
+        Column("weight", Integer),
+        Column("cap", Integer),
+        Column("rate_n", Integer),
+        Column("rate_per", Float),
+        Column("paused", Boolean, nullable=False, server_default=false()),
+    )
+
+    # v10: a job's tags; (tag, job_id) serves a tag filter as one index range, newest first
+    tags = Table(
+        f"{p}tags",
+        md,
+        Column("job_id", _Id, primary_key=True),
+        Column("tag", String(100), primary_key=True),
+        Index(f"{p}ix_tags_tag", "tag", "job_id"),
+    )
+    # v10: one row per sweep kind ("retention"): its lease (one sweeper at a time, replaced
+    # once the lease expires), the retention in force and what the last sweep did
+    sweeps = Table(
+        f"{p}sweeps",
+        md,
+        Column("name", String(32), primary_key=True),
+        Column("lease_owner", String(64)),
+        Column("lease_expires", UTCDateTime),
+        Column("policy", _Json),
+        Column("last_started", UTCDateTime),
+        Column("last_finished", UTCDateTime),
+        Column("last_deleted", Integer, nullable=False, server_default="0"),
+        Column("total_deleted", _Id, nullable=False, server_default="0"),
+    )
+    schedules = schedule_table(p, md)
     drop_routines_with(jobs)
-    return Tables(md, jobs, deps, meta, groups, workers, rate, releases)
+    return Tables(md, jobs, deps, meta, groups, workers, rate, releases, policy, schedules,
+                  tags, sweeps)
+
+
+def schedule_table(p: str, md: MetaData) -> Table:
+    """v10: one row per periodic schedule (aiojobqueue.schedules): its spec as last declared
+    by a worker's code, whether an operator paused it, and the last slot enqueued (a fixed-
+    width UTC ISO string, compared as text; it was the ``cron:<name>`` meta row before)."""
+    return Table(
+        f"{p}schedules",
+        md,
+        Column("name", String(50), primary_key=True),
+        Column("type", String(200), nullable=False, server_default=""),  # "": never declared
+        Column("cron", String(120)),
+        Column("every", Float),
+        Column("tz", String(64)),
+        Column("args", _Json),
+        Column("options", _Json),
+        Column("paused", Boolean, nullable=False, server_default=false()),
+        Column("last_slot", String(32), nullable=False, server_default=""),
+        Column("declared_at", UTCDateTime),
+    )
 
 
 _default = build_tables()

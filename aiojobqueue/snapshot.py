@@ -13,6 +13,7 @@ from . import schema as S
 from .database import Database
 from .errors import JobNotFoundError
 from .models import Job, JobState
+from .tags import tags_of
 
 
 async def read_job(db: Database, job_id: int) -> Job:
@@ -25,13 +26,14 @@ async def read_job(db: Database, job_id: int) -> Job:
             raise JobNotFoundError(f"no job with id {job_id}")
         deps = [r[0] for r in await conn.execute(
             select(D.c.depends_on_id).where(D.c.job_id == job_id).order_by(D.c.depends_on_id))]
-        return to_job(row, deps)
+        tags = (await tags_of(conn, db.t.tags, [job_id])).get(job_id, ())
+        return to_job(row, deps, tags)
 
     return await db.read(read)
 
 
-def to_job(row: Any, deps: list[int]) -> Job:
-    """The ``Job`` of a jobs row and its dependencies' ids."""
+def to_job(row: Any, deps: list[int], tags: tuple[str, ...] = ()) -> Job:
+    """The ``Job`` of a jobs row, its dependencies' ids and its tags."""
     errors, omitted = history.snapshot(row.errors)
     return Job(
         id=row.id, type=row.type, args=row.args, state=JobState(row.state), result=row.result,
@@ -42,4 +44,5 @@ def to_job(row: Any, deps: list[int]) -> Job:
         run_after=row.run_after, started_at=row.started_at, finished_at=row.finished_at,
         progress=progress.snapshot(row.progress), errors=errors, errors_omitted=omitted,
         snoozes=row.snoozes, is_external=row.kind == S.EXTERNAL_KIND,
+        tags=tags,
     )

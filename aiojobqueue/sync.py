@@ -4,8 +4,9 @@ cron scripts).
 It shares everything with ``JobQueue`` rather than being a second implementation:
 
 * A SyncQueue owns a ``JobQueue`` started on a private event loop in a thread of its own.
-  ``get``, ``wait``, ``cancel``, ``retry`` and ``explain`` run the JobQueue's coroutines
-  there and hand back their result or exception. The caller's thread needs no event loop,
+  ``get``, ``wait``, ``cancel``, ``retry``, ``explain`` and the policy's methods
+  (``policy``, ``set_policy``, ``set_group``, ``pause``, ``resume``) run the JobQueue's
+  coroutines there and hand back their result or exception. The caller's thread needs no event loop,
   and may be one whose own loop is running (``asyncio.run`` could not).
 * The insert (an enqueue, a batch) runs in the caller's thread: the JobQueue's own insert
   (insert.py, after the same ``Batch`` checks) on a sync connection, through
@@ -47,9 +48,12 @@ from .errors import (
 from .explain import Explanation
 from .handlers import Handler
 from .insert import Inserter
+from .limits import RateLimit
 from .models import Job
 from .queue import JobQueue
+from .schedules import ScheduleInfo
 from .settings import DEFAULT_POOL_SIZE
+from .stored_policy import UNSET, Policy, Unset
 from .syncbridge import drive
 from .syncinsert import SyncInserts
 
@@ -217,13 +221,14 @@ class SyncQueue:
         key: str | None = None,
         parent: JobRef | int | None = None,
         connection: Connection | Session | None = None,
+        tags: Iterable[str] | None = None,
     ) -> int:
         """Enqueue one job and return its id (with a live ``key``: the existing job's id),
         as ``JobQueue.enqueue`` does; ``connection``: see ``batch``."""
         b = self.batch(connection)
         ref = b.add(type, args, group=group, weight=weight, depends_on=depends_on,
                     run_after=run_after, priority=priority, timeout=timeout,
-                    max_attempts=max_attempts, key=key, parent=parent)
+                    max_attempts=max_attempts, key=key, parent=parent, tags=tags)
         b.commit()
         return ref.id
 
@@ -271,6 +276,49 @@ class SyncQueue:
         """End an external step as failed (see ``JobQueue.fail``)."""
         self._run(self._queue.fail(job_id, error))
 
+    # -- the policy in the database (see JobQueue.policy) ---------------------------------
+    def policy(self) -> Policy:
+        """The policy in force, as stored: caps, weights, rates and pauses."""
+        return self._run(self._queue.policy())
+
+    def set_policy(self, *, concurrency: int | Unset | None = UNSET,
+                   rate: RateLimit | Unset | None = UNSET) -> None:
+        """Set the fleet-wide cap and/or the queue's rate; None clears one, an argument
+        not given is left as it is (see ``JobQueue.set_policy``)."""
+        self._run(self._queue.set_policy(concurrency=concurrency, rate=rate))
+
+    def set_group(self, name: str, *, weight: int | Unset | None = UNSET,
+                  cap: int | Unset | None = UNSET,
+                  rate: RateLimit | Unset | None = UNSET) -> None:
+        """Set group ``name``'s weight, cap and/or rate (None clears one; ``"*"``: every
+        group without a row of its own; see ``JobQueue.set_group``)."""
+        self._run(self._queue.set_group(name, weight=weight, cap=cap, rate=rate))
+
+    def pause(self, *, group: str | None = None, type: str | None = None) -> None:
+        """Start no job of ``group``, of ``type``, or (neither) of the whole queue until
+        ``resume``; running jobs finish (see ``JobQueue.pause``)."""
+        self._run(self._queue.pause(group=group, type=type))
+
+    def resume(self, *, group: str | None = None, type: str | None = None) -> None:
+        """Undo ``pause`` with the same arguments."""
+        self._run(self._queue.resume(group=group, type=type))
+    # -- schedules (see the JobQueue methods of the same names) -----------------------------
+    def schedules(self) -> list[ScheduleInfo]:
+        """Every schedule in the database: spec, paused, last slot enqueued, next slot."""
+        return self._run(self._queue.schedules())
+
+    def pause_schedule(self, name: str) -> bool:
+        """Stop every worker enqueuing the schedule's slots; False if already paused."""
+        return self._run(self._queue.pause_schedule(name))
+
+    def resume_schedule(self, name: str) -> bool:
+        """Enqueue the schedule's slots again, from the next one; False if not paused."""
+        return self._run(self._queue.resume_schedule(name))
+
+    def trigger_schedule(self, name: str) -> int:
+        """Enqueue one job of the schedule now; its id."""
+        return self._run(self._queue.trigger_schedule(name))
+
 
 class SyncBatch:
     """``Batch`` for synchronous code: the same ``add`` and ``container`` (the same checks),
@@ -293,12 +341,13 @@ class SyncBatch:
         max_attempts: int | None = None,
         key: str | None = None,
         parent: JobRef | int | None = None,
+        tags: Iterable[str] | None = None,
     ) -> JobRef:
         """Add a job (see ``Batch.add``)."""
         return self._batch.add(
             type, args, group=group, weight=weight, depends_on=depends_on,
             run_after=run_after, priority=priority, timeout=timeout,
-            max_attempts=max_attempts, key=key, parent=parent)
+            max_attempts=max_attempts, key=key, parent=parent, tags=tags)
 
     def container(
         self,

@@ -115,9 +115,12 @@ PURGE_WAIT = 15.0
 
 async def drain(db: str, tmp: str, n: int, groups: int, capacity: int = 10,
                 concurrency: int | None = None, stale: int = 0, vacuum: bool = True,
-                group_cap: int | None = None, rate: int | None = None) -> float:
+                group_cap: int | None = None, rate: int | None = None,
+                default_cap: int | None = None, group_rate: int | None = None) -> float:
     """One fresh database: set up, drain, verify; jobs/s of the drain. ``group_cap``: every
-    group capped at that (group_limits); ``rate``: a RateLimit(rate, per=1)."""
+    group capped at that (group_limits); ``rate``: a RateLimit(rate, per=1);
+    ``default_cap`` / ``group_rate``: the stored ``"*"`` row's cap / RateLimit(n, per=1)
+    (every group without a row of its own: issue 31)."""
     from sqlalchemy import func, select
 
     from aiojobqueue import JobQueue, RateLimit
@@ -133,6 +136,14 @@ async def drain(db: str, tmp: str, n: int, groups: int, capacity: int = 10,
         return None
 
     try:
+        if default_cap is not None or group_rate is not None:
+            # stored before the worker starts (as a deployment's policy is): a change
+            # while it serves turns the hand-over off for a moment (docs/scheduling.md)
+            async with JobQueue(url, prefix=prefix) as admin:
+                if default_cap is not None:
+                    await admin.set_group("*", cap=default_cap)
+                if group_rate is not None:
+                    await admin.set_group("*", rate=RateLimit(group_rate, per=1.0))
         async with q:
             if stale:
                 await stale_groups(q, stale, vacuum)

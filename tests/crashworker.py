@@ -14,11 +14,19 @@ Handlers (args in brackets):
   die_after_end            returns, but the process is SIGKILLed before it can finalize
                            (attempt 1 only)
   chaos [ms]               sleep ms milliseconds; returns its dependencies' (job, attempt)
+  spin [seconds]           a plain ``def``: spins in pure Python (holds the GIL) in a worker
+                           thread, reporting progress from the thread every 0.2 s
+  plain_sleep [seconds]    a plain ``def``: time.sleep in a worker thread; logs ``thread_end``
+                           when the thread returns (also after its attempt timed out)
 
 ``--split N`` lowers the least part of a wide fan-out released by its finalize (PostgreSQL's
 split release, see fanout.SPLIT), and each split is logged as a ``split`` event;
 ``--stall-rest`` leaves the rest of each split unreleased by this process (as if it died
 right after the finalize), for another worker's sweep to finish.
+
+``--retention JSON`` declares a retention (``{"done": seconds, ...}``); ``--sweep-every``,
+``--sweep-ttl``, ``--sweep-batch``, ``--sweep-pause`` set the sweep's pace, and each committed
+batch of the sweep is logged as a ``swept`` event with its ids.
 """
 
 from __future__ import annotations
@@ -35,10 +43,11 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from aiojobqueue import JobContext, JobEvent, JobQueue, fanout
+from aiojobqueue import JobContext, JobEvent, JobQueue, fanout, retention
 from aiojobqueue.claim import Claimer
 from aiojobqueue.fanout import SplitReleases
 from aiojobqueue.runner import run_worker
+from aiojobqueue.threads import ThreadContext
 
 _fd = -1
 _wid = ""
@@ -54,7 +63,20 @@ def build(args: argparse.Namespace) -> JobQueue:
         args.url, prefix=args.prefix, lease_ttl=args.ttl, heartbeat_interval=args.hb,
         poll_interval=args.poll, shutdown_timeout=args.shutdown_timeout, capacity=args.capacity,
         retry_backoff=0.01, retry_backoff_max=0.05,
+        retention=json.loads(args.retention) if args.retention else None,
     )
+    if args.sweep_every:  # the retention sweep's pace (test_retention_procs.py)
+        retention.EVERY, retention.TTL = args.sweep_every, args.sweep_ttl
+        retention.BATCH, retention.PAUSE = args.sweep_batch, args.sweep_pause
+
+        class Swept(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                if hasattr(record, "ids"):
+                    event("swept", ids=record.ids)
+
+        lg = logging.getLogger("aiojobqueue.retention")
+        lg.addHandler(Swept())
+        lg.setLevel(logging.DEBUG)
 
     def result(ctx: JobContext, **extra: Any) -> dict[str, Any]:
         return {"job": ctx.job_id, "attempt": ctx.attempt, "pid": os.getpid(), **extra}
@@ -104,6 +126,26 @@ def build(args: argparse.Namespace) -> JobQueue:
         # (a run condition's job also sees failed or cancelled dependencies: no result)
         return result(ctx, deps={str(k): [v["job"], v["attempt"]] for k, v in got.items()
                                  if v is not None})
+
+    @q.handler("spin")
+    def spin(ctx: ThreadContext, seconds: float) -> dict[str, Any]:
+        event("start", job=ctx.job_id, attempt=ctx.attempt)
+        end = time.monotonic() + seconds
+        next_report, n = 0.0, 0
+        while (now := time.monotonic()) < end:
+            n += 1  # pure Python: the GIL is only given up at each switch interval
+            if now >= next_report:
+                ctx.progress(seconds - (end - now), seconds)
+                next_report = now + 0.2
+        event("end", job=ctx.job_id, attempt=ctx.attempt)
+        return result(ctx, spins=n)
+
+    @q.handler("plain_sleep")
+    def plain_sleep(ctx: ThreadContext, seconds: float) -> dict[str, Any]:
+        event("start", job=ctx.job_id, attempt=ctx.attempt)
+        time.sleep(seconds)
+        event("thread_end", job=ctx.job_id, attempt=ctx.attempt)
+        return result(ctx)
 
     def hook(name: str) -> Any:
         def fn(e: JobEvent) -> None:
@@ -158,6 +200,11 @@ async def main() -> None:
     ap.add_argument("--capacity", type=int, default=4)
     ap.add_argument("--split", type=int, default=0)
     ap.add_argument("--stall-rest", type=int, default=0)
+    ap.add_argument("--retention", default="")
+    ap.add_argument("--sweep-every", type=float, default=0.0)
+    ap.add_argument("--sweep-ttl", type=float, default=2.0)
+    ap.add_argument("--sweep-batch", type=int, default=100)
+    ap.add_argument("--sweep-pause", type=float, default=0.05)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s [{os.getpid()}] %(name)s %(levelname)s %(message)s")

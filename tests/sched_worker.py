@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import sys
 import time
@@ -36,7 +37,12 @@ def main() -> None:
     p.add_argument("--rate", default=None)
     p.add_argument("--every", type=float, default=None)
     p.add_argument("--lease-ttl", type=float, default=3.0)
+    # one line {"pid", "seen", "concurrency"} per change of the stored policy this worker
+    # applies (wall clock: when the claims of this process start to follow it)
+    p.add_argument("--policy-log", default=None)
     a = p.parse_args()
+    if a.policy_log:
+        _log_policy_changes(a.policy_log)
     limits = []
     if a.rate:
         n, per = a.rate.split(",")
@@ -70,6 +76,22 @@ def main() -> None:
     asyncio.run(run())
     os.close(fd)
     sys.exit(0)
+
+
+def _log_policy_changes(path: str) -> None:
+    pfd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            policy = getattr(record, "policy", None)
+            if policy is not None:
+                line = json.dumps({"pid": os.getpid(), "seen": time.time(),
+                                   "concurrency": policy.concurrency})
+                os.write(pfd, (line + "\n").encode())
+
+    lg = logging.getLogger("aiojobqueue.policy")
+    lg.addHandler(Seen())
+    lg.setLevel(logging.INFO)
 
 
 if __name__ == "__main__":

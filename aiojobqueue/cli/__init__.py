@@ -15,6 +15,8 @@ One module per job:
 - ``queries``  ``status``, ``jobs``, ``show``
 - ``explain``  ``explain``
 - ``actions``  ``retry``, ``cancel``, ``migrate``, ``prune``
+- ``policy``   ``policy``, ``policy set``, ``group set``, ``pause``, ``resume``
+- ``schedules`` ``schedules``, ``schedule pause|resume|trigger``
 - ``dashboard`` ``dashboard`` (the web dashboard, from ``aiojobqueue.web``)
 - ``external`` ``complete``, ``fail`` (external steps)
 
@@ -31,7 +33,8 @@ import importlib
 from .app import app, main
 
 #: The command modules; importing one registers its commands on ``app``.
-COMMANDS = ("demo", "worker", "queries", "explain", "actions", "dashboard", "external")
+COMMANDS = ("demo", "worker", "queries", "explain", "actions", "policy", "schedules",
+            "dashboard", "external")
 for _name in COMMANDS:
     importlib.import_module(f"{__name__}.{_name}")
 

@@ -19,7 +19,7 @@ def dashboard(
     = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to serve on.")] = 8000,
     read_only: Annotated[bool, typer.Option(
-        "--read-only", help="Pages only: hide and refuse retry/cancel.")] = False,
+        "--read-only", help="Pages only: hide and refuse retry, cancel and policy edits.")] = False,
 ) -> None:
     """Serve the web dashboard of the queue at --url until interrupted."""
     url = normalize_url(url)

@@ -1,7 +1,7 @@
 """``aiojobqueue explain ID``: why a job is not running now (``JobQueue.explain``).
 
-The queue it opens has no settings of its own: the caps it reports are those the live
-workers registered with their heartbeats (see ``aiojobqueue.explain``)."""
+The queue it opens has no settings of its own: the pauses, caps and rates it reports are
+the stored policy's, what every worker follows (see ``aiojobqueue.explain``)."""
 
 from __future__ import annotations
 

@@ -54,13 +54,14 @@ def jobs(
     parent: Annotated[int | None, typer.Option(help="Only children of this container.")] = None,
     limit: Annotated[int, typer.Option(min=1, help="At most this many, newest first.")] = 50,
     as_json: AsJson = False,
+    tag: Annotated[str | None, typer.Option(help="Only jobs carrying this tag.")] = None,
 ) -> None:
     """List jobs, newest first."""
     url = normalize_url(url)
 
     async def go(q: JobQueue) -> tuple[list[Job], datetime]:
         return (await admin.list_jobs(q, state=state, group=group, type=type_,
-                                      parent=parent, limit=limit), await admin.now(q))
+                                      parent=parent, limit=limit, tag=tag), await admin.now(q))
 
     found, now = run_on(url, prefix, go)
     if as_json:

@@ -22,9 +22,17 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..errors import ConfigurationError, InvalidJobError, InvalidStateError, JobNotFoundError
+from ..errors import (
+    ConfigurationError,
+    InvalidJobError,
+    InvalidStateError,
+    JobNotFoundError,
+    ScheduleNotFoundError,
+)
+from ..retention import last_sweep
 from . import dag as D
 from . import data as Q
+from . import policy as P
 from . import views as V
 from .external import end_step
 from .live import Hub
@@ -44,10 +52,10 @@ def dashboard(queue: JobQueue, *, access: Access, live_interval: float = 1.0) ->
     dashboard(queue, access=...))``) or serve alone (``aiojobqueue dashboard``).
 
     ``access(request)`` (sync or async) decides per request: ``"full"`` may act (retry,
-    cancel, bulk), ``"read"`` sees every page but no action, ``None`` gets 403. The queue
-    must be started (``async with queue``) before the first request. ``live_interval``: the
-    most often, in seconds, the live-update watcher reads the database (one watcher per
-    app, whatever the number of open pages)."""
+    cancel, bulk, edit the policy), ``"read"`` sees every page but no action, ``None`` gets
+    403. The queue must be started (``async with queue``) before the first request.
+    ``live_interval``: the most often, in seconds, the live-update watcher reads the
+    database (one watcher per app, whatever the number of open pages)."""
     if not callable(access):
         raise ConfigurationError("access must be a callable: access(request) -> 'full' | "
                                  "'read' | None")
@@ -82,6 +90,8 @@ class Dashboard:
             Route("/jobs/{job_id:int}/fail", self.one, methods=["POST"], name="fail"),
             Route("/workers", self.workers, name="workers"),
             Route("/schedules", self.schedules, name="schedules"),
+            Route("/schedules/{action:str}", self.schedule_action, methods=["POST"],
+                  name="schedule_action"),
             Route("/events", self.events, name="events"),
             Route("/api/overview", self.api_overview),
             Route("/api/jobs", self.api_jobs),
@@ -89,6 +99,7 @@ class Dashboard:
             Route("/api/jobs/{job_id:int}/dag", self.api_dag),
             Route("/api/workers", self.api_workers),
             Route("/api/schedules", self.api_schedules),
+            *P.routes(self),  # the stored policy: /api/policy, the overview's edits
             Mount("/static", StaticFiles(packages=[("aiojobqueue.web", "static")]),
                   name="static"),
         ]
@@ -98,6 +109,7 @@ class Dashboard:
         self.app = Starlette(routes=routes, exception_handlers={
             HTTPException: self._http_error, InvalidJobError: self._bad_input,
             JobNotFoundError: self._not_found, InvalidStateError: self._conflict,
+            ScheduleNotFoundError: self._not_found,
         }, lifespan=self._lifespan)
 
     @contextlib.asynccontextmanager
@@ -161,7 +173,8 @@ class Dashboard:
     # -- pages ------------------------------------------------------------------------------
     async def overview(self, request: Request) -> Response:
         level = await self.level(request)
-        return self.render(request, "overview.html", level, ov=await self.data.overview())
+        return self.render(request, "overview.html", level, ov=await self.data.overview(),
+                           sweep=await last_sweep(self.q._started().db))
 
     async def jobs(self, request: Request) -> Response:
         level = await self.level(request)
@@ -238,6 +251,23 @@ class Dashboard:
         changed, problems = await Q.act(self.q, action, ids)
         return self.render(request, "done.html", "full", f=f, action=action,
                            changed=changed, problems=problems, more=count.capped)
+
+    async def schedule_action(self, request: Request) -> Response:
+        """Pause, resume or trigger the schedule named by the form's ``name`` (full access,
+        same site only); back to the schedules page, or to the job a trigger enqueued."""
+        await self.may_act(request)
+        action = request.path_params["action"]
+        name = str((await request.form()).get("name") or "")
+        if action == "trigger":
+            job_id = await self.q.trigger_schedule(name)
+            return RedirectResponse(request.url_for("job", job_id=job_id), 303)
+        if action == "pause":
+            await self.q.pause_schedule(name)
+        elif action == "resume":
+            await self.q.resume_schedule(name)
+        else:
+            raise HTTPException(404, f"no schedule action {action!r}")
+        return RedirectResponse(request.url_for("schedules"), 303)
 
     async def _explain(self, job_id: int) -> Any:
         """``queue.explain(id)`` where the queue has it: the reasons in words."""

@@ -10,7 +10,6 @@ Writes go through the public ``JobQueue.retry`` / ``JobQueue.cancel`` only (see 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Text, cast, func, literal, select
@@ -19,6 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from .. import schema as S
 from ..errors import InvalidStateError, JobNotFoundError
 from ..models import JobState
+from ..stored_policy import VERSION_KEY
+from ..tags import tagged_ids
 from ..timeutil import db_now
 from . import views as V
 from .dagreads import DagReads, group_states
@@ -65,8 +66,8 @@ class Data(OverviewReads, DagReads):
 
     # -- the change marker (live updates) ---------------------------------------------------
     async def marker(self) -> tuple[Any, ...]:
-        """A cheap value that changes when any job is enqueued, claimed, finished or revived:
-        each part is one index probe."""
+        """A cheap value that changes when any job is enqueued, claimed, finished or revived,
+        or the stored policy changes: each part is one index probe."""
         J = self.t.jobs
 
         def newest(state: str) -> Any:
@@ -81,6 +82,9 @@ class Data(OverviewReads, DagReads):
             self._capped(S.RUNNING, order=J.c.group_key, cap=MARK_CAP),
             self._capped(S.READY, order=J.c.group_key, cap=MARK_CAP),
             self._capped(S.SCHEDULED, order=J.c.run_after, cap=MARK_CAP),
+            # the stored policy's version: an edit re-renders every open overview
+            select(self.t.meta.c.value).where(self.t.meta.c.name == VERSION_KEY)
+            .scalar_subquery(),
         ))
         return tuple(await self._read(lambda c: first_row(c, stmt)))
 
@@ -101,12 +105,25 @@ class Data(OverviewReads, DagReads):
             cond.append(cast(J.c.error, Text).icontains(f.q, autoescape=True))
         return cond
 
+    def _from(self, f: Filters, cols: Sequence[Any]) -> tuple[Any, Any]:
+        """SELECT ``cols`` FROM jobs, and the id column to range and order on: with a tag
+        filter, driven by the tags table's (tag, job_id) index (newest first, one index
+        range, however rare the tag), else by the jobs' primary key."""
+        J, T = self.t.jobs, self.t.tags
+        if f.tag is None:
+            return select(*cols), J.c.id
+        stmt = select(*cols).select_from(T).join(J, J.c.id == T.c.job_id)
+        return stmt.where(T.c.tag == f.tag), T.c.job_id
+
     async def jobs(self, f: Filters, before: int | None = None, limit: int = PAGE) -> JobPage:
         """The newest jobs matching ``f`` below id ``before``. A filtered page looks at
         WINDOW ids at most, so a filter matching few rows never scans the whole table; it
         then offers the next window (``next_before``)."""
         J = self.t.jobs
         cond = self._where(f)
+        base, idc = self._from(f, (J.c.id, J.c.type, J.c.kind, J.c.state, J.c.group_key,
+                                   J.c.attempts, J.c.parent_id, J.c.created_at,
+                                   J.c.finished_at, J.c.error))
 
         async def read(conn: AsyncConnection) -> JobPage:
             hi = before
@@ -115,15 +132,13 @@ class Data(OverviewReads, DagReads):
                 if top is None:
                     return JobPage([], None, None)
                 hi = int(top) + 1
-            where = [J.c.id < hi, *cond]
+            where = [idc < hi, *cond]
             lo: int | None = None
-            if cond:
+            if cond:  # (a tag alone is its own index range: no window needed)
                 lo = max(hi - V.WINDOW, 0)
-                where.append(J.c.id >= lo)
+                where.append(idc >= lo)
             rows = (await conn.execute(
-                select(J.c.id, J.c.type, J.c.kind, J.c.state, J.c.group_key, J.c.attempts,
-                       J.c.parent_id, J.c.created_at, J.c.finished_at, J.c.error)
-                .where(*where).order_by(J.c.id.desc()).limit(limit + 1))).all()
+                base.where(*where).order_by(idc.desc()).limit(limit + 1))).all()
             out = [JobRow(r.id, r.type, r.kind, r.state, r.group_key, r.attempts, r.parent_id,
                           r.created_at, r.finished_at, error_line(r.error)) for r in rows[:limit]]
             if len(rows) > limit:
@@ -148,6 +163,9 @@ class Data(OverviewReads, DagReads):
                  .order_by(J.c.id.desc()).limit(BULK_MAX + 1) for s in wanted]
 
         async def read(conn: AsyncConnection) -> list[int]:
+            if f.tag is not None:  # from the smaller side (see tags.tagged_ids)
+                return await tagged_ids(conn, J, self.t.tags, f.tag, wanted, BULK_MAX + 1,
+                                        cond)
             ids: list[int] = []
             for p in parts:  # one index range per state
                 ids += [r[0] for r in await conn.execute(p)]
@@ -228,37 +246,10 @@ class Data(OverviewReads, DagReads):
         return await self._read(read)
 
     async def schedules(self) -> list[ScheduleRow]:
-        """Every schedule with a mark in the database, plus those this process registered."""
-        J, M = self.t.jobs, self.t.meta
-        known: dict[str, Any] = dict(getattr(self.q, "_schedules", {}) or {})
-
-        async def read(conn: AsyncConnection) -> list[ScheduleRow]:
-            marks = dict((await conn.execute(
-                select(M.c.name, M.c.value).where(M.c.name.like("cron:%")))).all())
-            names = sorted({m[5:] for m in marks} | set(known))
-            out = []
-            for name in names:
-                s = known.get(name)
-                iso = marks.get(f"cron:{name}") or None
-                last = datetime.fromisoformat(iso.replace("Z", "+00:00")) if iso else None
-                state = None
-                if last is not None:
-                    key = f"cron:{name}:{iso}"
-                    # a live slot job is one unique-index probe; a finished one has no
-                    # live_key any more (and ``key`` is not indexed)
-                    state = await conn.scalar(select(J.c.state).where(J.c.live_key == key))
-                    state = state or "finished"
-                every = None
-                nxt = None
-                if s is not None:
-                    every = f"every {s.every:g} s" if s.every is not None else f"cron {s.cron}"
-                    if last is not None:
-                        nxt = s.next_after(last)
-                out.append(ScheduleRow(name, s.type if s is not None else None, every, last,
-                                       state, nxt))
-            return out
-
-        return await self._read(read)
+        """Every schedule in the schedules table (``JobQueue.schedules``)."""
+        return [ScheduleRow(i.name, i.type, i.period, i.last_slot, i.last_state, i.next_slot,
+                            i.tz, i.paused)
+                for i in await self.q.schedules()]
 
 
 

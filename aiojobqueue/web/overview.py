@@ -1,5 +1,6 @@
 """The overview page's reads: per-group backlog and fair share, the caps as gauges, the
-last hour's throughput, each count a bounded index probe (see docs/dashboard.md)."""
+last hour's throughput, each count a bounded index probe (see docs/dashboard.md). The caps,
+weights, rates and pauses are the stored policy's (``policyreads.py``)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ from sqlalchemy import bindparam, case, func, inspect, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .. import schema as S
-from ..limits import RateLimit
-from ..policy import GroupDemand, fair_share
+from ..policy_text import policy_data
 from ..sql import in_state
 from ..timeutil import UTCDateTime, as_utc, db_now
+from . import policyreads as P
 from . import views as V
-from .reader import Reader, first_row, min_cap
+from .reader import Reader, first_row
 from .views import (
     AGE_PROBE,
     LEAF_COUNTED,
@@ -25,7 +26,6 @@ from .views import (
     RATE_PROBE,
     STATES,
     Count,
-    Gauge,
     GroupRow,
     Overview,
     count_of,
@@ -60,30 +60,25 @@ class OverviewReads(Reader):
             busy = sorted(names, key=lambda g: (
                 -sum(c.n for s, c in per[g].items() if s != S.FAILED), -per[g][S.FAILED].n, g))
             shown = busy[:MAX_GROUPS]
+            pol = await P.read_policy(conn, self.t)
             weights = await self._weights(conn, shown, per)
+            weights.update({g: w for g in shown if (w := pol.group(g).weight) is not None})
             ages = await self._ready_ages(conn, now, [g for g in shown if per[g][S.READY].n])
-            demand = {
-                g: GroupDemand(weights[g], 0, min_cap(q.group_limits.get(g),
-                                                       per[g][S.READY].n + per[g][S.RUNNING].n))
-                for g in shown if per[g][S.READY].n or per[g][S.RUNNING].n
-            }
-            slots = q.concurrency if q.concurrency is not None else sum(
-                per[g][S.RUNNING].n for g in shown)
-            targets = fair_share(slots, demand) if q.concurrency is not None else {}
-            groups = [
-                GroupRow(g, weights[g], per[g][S.RUNNING].n,
-                         targets.get(g, 0 if q.concurrency is not None else None)
-                         if g in demand or q.concurrency is not None else None,
-                         q.group_limits.get(g), per[g], *ages.get(g, (None, False)))
-                for g in shown
-            ]
-            gauges = [Gauge("global cap", totals[S.RUNNING].n, q.concurrency,
-                            "" if q.concurrency is not None else "no global cap set")]
-            gauges += await self._rate_gauges(conn)
+            targets = P.targets(pol, weights, per, shown)
+            used = await P.group_rate_used(conn, self.t, pol, shown)
+            groups = []
+            for g in shown:
+                age, age_min = ages.get(g, (None, False))
+                groups.append(GroupRow(
+                    g, weights[g], per[g][S.RUNNING].n,
+                    None if targets is None else targets[g], pol.group(g).cap, per[g], age,
+                    age_min, rule=P.row_policy(pol, g, used)))
+            gauges = await P.gauges(conn, self.t, pol, totals[S.RUNNING].n, q.limits)
             series, capped = await self._throughput(conn, now)
             live = int(await conn.scalar(select(func.count()).select_from(self.t.workers).where(
                 self.t.workers.c.last_seen > now - timedelta(seconds=LIVE_WORKER))) or 0)
-            return Overview(now, groups, groups_total, totals, gauges, series, capped, live)
+            return Overview(now, groups, groups_total, totals, gauges, series, capped, live,
+                            policy_data(pol), targets is not None)
 
         return await self._read(read)
 
@@ -189,17 +184,6 @@ class OverviewReads(Reader):
                 if first is not None:
                     t = as_utc(first)
                     out[g] = (max((now - t).total_seconds(), 0.0), n > AGE_PROBE)
-        return out
-
-    async def _rate_gauges(self, conn: AsyncConnection) -> list[Gauge]:
-        out = []
-        for lim in self.q.limits:
-            if not isinstance(lim, RateLimit):
-                out.append(Gauge(type(lim).__name__, 0, None, "a custom limit (in-process)"))
-                continue
-            used = await lim.used(conn, self.t)  # the claim's own count of the window
-            out.append(Gauge(f"rate {lim.name}", used, lim.n,
-                             f"starts in the last {lim.per:g} s"))
         return out
 
     async def _throughput(self, conn: AsyncConnection,

@@ -13,6 +13,7 @@ from sqlalchemy import literal_column
 from .. import schema as S
 from ..errors import InvalidJobError
 from ..models import Job, JobState
+from ..tags import check_tag
 
 #: Counts stop here: "10,000+" is as useful to an operator as the exact figure and costs a
 #: bounded index range instead of a scan of millions of rows.
@@ -89,6 +90,9 @@ class GroupRow:
     #: Seconds the oldest ready job has waited; ``age_min`` marks a lower bound.
     oldest_ready: float | None
     age_min: bool = False
+    #: its stored policy (web/policyreads.row_policy): own and applied weight, cap, rate,
+    #: pause
+    rule: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -115,6 +119,9 @@ class Overview:
     #: The chart's oldest minutes are short because more than RATE_PROBE jobs finished.
     throughput_capped: bool
     workers_live: int
+    #: the stored policy as JSON (policy_text.policy_data); targets only under a global cap
+    policy: dict[str, Any] = field(default_factory=dict)
+    targets: bool = False
 
 
 @dataclass(frozen=True)
@@ -126,6 +133,8 @@ class Filters:
     type: str | None = None
     parent: int | None = None
     q: str | None = None
+    #: jobs carrying this tag (aiojobqueue.tags)
+    tag: str | None = None
 
     @classmethod
     def parse(cls, params: Any) -> Filters:
@@ -147,12 +156,15 @@ class Filters:
         pid: int | None = None
         if parent is not None:
             pid = parse_id(parent, "parent")
-        return cls(state, text("group"), text("type"), pid, text("q"))
+        tag = text("tag")
+        return cls(state, text("group"), text("type"), pid, text("q"),
+                   None if tag is None else check_tag(tag))
 
     def items(self) -> dict[str, str]:
         """The filters that are set, as query parameters."""
         out = {"state": self.state, "group": self.group, "type": self.type,
-               "parent": None if self.parent is None else str(self.parent), "q": self.q}
+               "parent": None if self.parent is None else str(self.parent), "q": self.q,
+               "tag": self.tag}
         return {k: v for k, v in out.items() if v is not None}
 
     @property
@@ -262,7 +274,8 @@ class WorkerRow:
 
 @dataclass
 class ScheduleRow:
-    """One periodic schedule: known from this process's queue, or only from its mark."""
+    """One row of the schedules table (``every``: the period, ``every 5 s`` or ``cron
+    ...``; None with ``type`` for a row no worker has declared yet)."""
 
     name: str
     type: str | None
@@ -270,5 +283,7 @@ class ScheduleRow:
     last_slot: datetime | None
     last_state: str | None
     next_slot: datetime | None
+    tz: str | None = None
+    paused: bool = False
 
 

@@ -16,13 +16,17 @@ from typing import Any
 from sqlalchemy import func, select
 
 from .. import schema as S
+from .. import threads
 from ..claimed import Claimed
 from ..core import Core
 from ..executor import run_attempt
 from ..hooks import JobEvent
 from ..limits import local_budget, notify
+from ..logs import brief
 from ..periodic import run_schedules
+from ..retention import Sweeper
 from ..sql import lit
+from ..stored_policy import NOTIFY_PAYLOAD
 from ..timeutil import db_now
 from . import pacing, shutdown
 from .leases import Leases, Reclaimer
@@ -33,6 +37,7 @@ from .state import Running, WorkerState
 #: seconds until the next look after a claim was passed over (the 1st, 2nd, 3rd time in a
 #: row: the other claim ends in milliseconds unless the database is loaded); then the poll
 RELOOK = (0.003, 0.01, 0.03, 0.2, 2.0)
+policy_log = logging.getLogger("aiojobqueue.policy")
 
 
 class Worker:
@@ -68,9 +73,13 @@ class Worker:
                     tg.create_task(self.outcomes.flusher()),
                     tg.create_task(db.resilient("reclaim", Reclaimer(core, state.wake).run)),
                 ]
+                if not until_idle:  # one worker at a time sweeps (it takes a lease)
+                    side.append(tg.create_task(db.resilient("retention", Sweeper(db).run)))
                 if core.schedules and not until_idle:
                     side.append(tg.create_task(db.resilient(
-                        "periodic", lambda: run_schedules(core.db, core.schedules, core.batch_on))))
+                        "periodic", lambda: run_schedules(
+                            core.db, core.schedules, core.batch_on, clock=core.schedule_clock,
+                            poll=core.settings.poll_interval))))
                 listener = db.ops.listener(db.engine)
                 if listener is not None and not until_idle:
                     # while its claims come back full the worker claims again at once: a
@@ -116,10 +125,12 @@ class Worker:
                     break
                 state.wake.clear()
                 self._poked = False
+                if self.core.claimer.live.due(time.monotonic()):
+                    await self._refresh_policy()
                 if state.held:
                     await self._give_back_held()
                 usual = s.capacity + rnd.prefetch(self.state.avg_run)
-                want = usual - self._active - len(state.buffer)
+                want = usual - self._active - len(state.buffer) - threads.lingering(self.core)
                 want = await local_budget(s.local_limits, want)
                 # No new leases while this worker cannot renew the ones it has.
                 if not types or not self.leases.healthy():
@@ -167,7 +178,7 @@ class Worker:
     # -- dispatch -------------------------------------------------------------------------
     def _fill(self) -> None:
         """Start leased jobs while handler slots are free."""
-        state, cap = self.state, self.core.settings.capacity
+        state, cap = self.state, self.core.settings.capacity - threads.lingering(self.core)
         while state.buffer and self._active < cap and not state.stopping:
             c, leased_at = state.buffer.popleft()
             self._start(c, leased_at)
@@ -222,10 +233,11 @@ class Worker:
         round that writes ``c``'s outcome makes the held one ``running`` in its place).
         None where the hand-over no longer applies to that group, or while leases are not
         renewed."""
-        state, s = self.state, self.core.settings
+        state, claimer = self.state, self.core.claimer
         q = state.held.get(c.group)
-        if (not q or state.stopping or self.core.claimer.single_group != c.group
-                or s.group_limits.get(c.group) == 0 or not self.leases.healthy()):
+        if (not q or state.stopping or claimer.single_group != c.group
+                or claimer.live.cap(c.group) == 0 or claimer.live.generation != claimer.checked
+                or not self.leases.healthy()):
             return None
         nxt = q.popleft()
         if not q:
@@ -238,7 +250,8 @@ class Worker:
         the outcome is written, which now makes the held row ``running`` first), while a
         handler slot is free. Not an outcome whose earlier write may have committed (its row
         may no longer count)."""
-        state, out, cap = self.state, self.outcomes, self.core.settings.capacity
+        state, out = self.state, self.outcomes
+        cap = self.core.settings.capacity - threads.lingering(self.core)
         for i, o in enumerate(out.outbox):
             if not state.held or self._active >= cap:
                 return
@@ -258,13 +271,15 @@ class Worker:
         group was found, the group was paused), so that no other group waits on them, and
         of a group this worker holds no slot of any more (no job of it here, running,
         ended or about to start: nothing would start them)."""
-        state, s = self.state, self.core.settings
-        g = self.core.claimer.single_group
+        state, claimer = self.state, self.core.claimer
+        g, live = claimer.single_group, claimer.live
         slots = {r.claimed.group for r in state.running.values()}
         slots.update(c.group for c, _ in state.buffer)
+        # (a change of the policy gives every held job back: see live_policy.py)
+        changed = live.generation != claimer.checked
         back: list[Claimed] = []
         for grp in list(state.held):
-            if (grp != g or grp not in slots or s.group_limits.get(grp) == 0
+            if (grp != g or grp not in slots or live.cap(grp) == 0 or changed
                     or state.stopping):
                 back += [c for c, _ in state.held.pop(grp)]
         if back:
@@ -292,14 +307,33 @@ class Worker:
             return False
         return True
 
-    def _on_notify(self, _payload: str) -> None:
+    def _on_notify(self, payload: str) -> None:
+        if payload == NOTIFY_PAYLOAD:  # the policy changed: read it before the next claim
+            self.core.claimer.live.stale = True
         self._poked = True
         self.state.wake.set()
+
+    async def _refresh_policy(self) -> None:
+        """Read the stored policy again where it may have changed (LivePolicy.refresh);
+        an outage keeps the policy last read (logged), and the tick goes on."""
+        core = self.core
+        try:
+            live = core.claimer.live
+            if await live.refresh(core.db):
+                policy_log.info("policy changed (generation %d): %r", live.generation,
+                                live.policy, extra={"worker": core.settings.worker_id,
+                                                    "policy": live.policy})
+        except Exception as exc:
+            if not core.db.is_outage(exc):
+                raise
+            policy_log.warning("policy: could not read it (%s); keeping the last one", brief(exc),
+                         extra={"worker": core.settings.worker_id})
 
     async def _idle(self, types: list[str]) -> bool:
         """Nothing this process can run is runnable and nothing is in flight anywhere."""
         core = self.core
         J = core.db.t.jobs
+        types = core.claimer.live.types(types)  # (a paused type's jobs are not runnable)
         # Jobs recorded by a split release are runnable once it is finished: not idle while
         # one is left (a call releasing it in flight, or one whose worker died: done here).
         if await core.splits.any_left():

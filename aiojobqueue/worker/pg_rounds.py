@@ -28,8 +28,8 @@ class AutocommitRound(ParallelRound):
                                        Awaitable[list[Claimed]]]:
         # The claim is one pick-and-lease UPDATE per group where no gate is taken and no
         # limit counted: atomic by itself.
-        s, db = self.core.settings, self.core.db
-        return db.autocommit if not s.needs_gate and not s.db_limits else db.write
+        live, db = self.core.claimer.live, self.core.db
+        return db.autocommit if not live.needs_gate else db.write
 
     async def finalize(self, batch: list[Outcome], ask: LeaseAsk | None = None,
                        fast: list[Outcome] | None = None) -> list[Outcome]:
@@ -83,7 +83,7 @@ class RoutineRound(AutocommitRound):
         if freeing is not None:
             ask = claimer.hand_ask(want, types, quick, freeing)
             if (ask is None and claimer.handover_stale(time.monotonic(), quick)
-                    and not core.settings.db_limits and await self._quietly(
+                    and not claimer.live.rated and await self._quietly(
                         lambda conn: claimer.still_one_group(conn, types))):
                 # the hand-over's window ran out: one census statement renews it
                 ask = claimer.hand_ask(want, types, quick, freeing)

@@ -110,7 +110,7 @@ class ParallelRound:
                 # RateLimit alone counts starts, which no finalize frees: the claim (under
                 # the gate) runs beside the finalize as when uncapped.
                 if (want or self.hold_ask() is not None) and batch and (
-                        self.core.settings.counts_slots):
+                        self.core.claimer.live.counts_slots):
                     return await self.capped(batch, want, types, quick)
                 # With no backlog, a finalize that may release jobs (a dependent, a
                 # container's next child) goes first, so this round's claim already sees
@@ -147,9 +147,10 @@ class ParallelRound:
         PREFETCH_HORIZON at its recent pace, one at least, HOLD_PER_SLOT at most."""
         core, state = self.core, self.state
         s, claimer = core.settings, core.claimer
+        live = claimer.live
         g = claimer.single_group
-        if (g is None or not s.counts_slots or s.db_limits or s.local_limits
-                or state.stopping or s.group_limits.get(g) == 0
+        if (g is None or not live.counts_slots or live.rated or s.local_limits
+                or state.stopping or live.cap(g) == 0 or live.generation != claimer.checked
                 or time.monotonic() - state.beat_ok_at >= s.lease_ttl - s.margin):
             return None
         have = state.held_count()
@@ -177,14 +178,14 @@ class ParallelRound:
         idle); under a RateLimit, at most a quarter of the starts its last count left
         (RateLimit.headroom: none near the limit, where a start leased ahead would be a
         scarce start held idle in this worker's buffer)."""
-        s = self.core.settings
-        if s.counts_slots or s.local_limits or avg_run is None or not self.state.backlog:
+        s, live = self.core.settings, self.core.claimer.live
+        if live.counts_slots or s.local_limits or avg_run is None or not self.state.backlog:
             return 0
         pace = s.capacity * self.horizon / max(avg_run, 1e-6)
         floor = (self.floor if self.core.claimer.single_group
                  else max(self.floor, self.floor_groups))
         ahead = min(max(PREFETCH_MAX * s.capacity, floor), int(pace))
-        for limit in s.db_limits:
+        for limit in live.db_limits:
             ahead = min(ahead, limit.headroom // 4)
         return ahead
 
@@ -292,7 +293,7 @@ class ParallelRound:
         core, state = self.core, self.state
         t0 = time.monotonic()
         taken: list[Claimed] = []
-        capped = core.settings.needs_gate
+        capped = core.claimer.live.needs_gate
         started = swaps(batch)
         hold: list[Hold | None] = [None]
 

@@ -133,6 +133,7 @@ async def target_factory(tmp_path: Path, prefix: str) -> AsyncIterator[Callable[
     for the role); roles, tables and poolers go afterwards."""
     from conftest import MY_URL, PG_URL, drop_tables, server_url
     from pgbouncer import PgBouncer
+    from sqlalchemy.engine import make_url
 
     made: list[Target] = []
 
@@ -144,7 +145,7 @@ async def target_factory(tmp_path: Path, prefix: str) -> AsyncIterator[Callable[
             server_url("postgresql")
             await _admin(PG_URL, f"CREATE ROLE {role} LOGIN CONNECTION LIMIT {limit}",
                          f"GRANT CREATE, USAGE ON SCHEMA public TO {role}")
-            direct = f"postgresql+asyncpg://{role}@127.0.0.1:5432/test"
+            direct = make_url(PG_URL).set(username=role).render_as_string(hide_password=False)
             t = Target(db, direct, role, listen_url=direct if listen else None)
             if db == "pgbouncer":
                 if PgBouncer.binary() is None:

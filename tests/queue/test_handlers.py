@@ -100,14 +100,17 @@ async def test_a_handler_registered_again_wraps_the_function_not_the_handler() -
 def test_bad_handlers_are_refused_when_registered() -> None:
     q = JobQueue("sqlite:///unused.db")
 
-    def sync(ctx: Any) -> None: ...
+    def gen(ctx: Any) -> Any:
+        yield 1
 
     async def no_ctx(*, url: str) -> None: ...
 
     async def positional_only(ctx: Any, url: str, /) -> None: ...
 
-    with pytest.raises(ConfigurationError, match="async function"):
-        q.handler("s")(sync)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="not a generator"):
+        q.handler("g")(gen)
+    with pytest.raises(ConfigurationError, match="must be a function"):
+        q.handler("c")(int)
     with pytest.raises(ConfigurationError, match="first positional"):
         q.handler("n")(no_ctx)
     with pytest.raises(ConfigurationError, match="'url' is positional-only"):

@@ -24,7 +24,7 @@ PUBLIC = {
     "AioJobQueueError", "ConfigurationError", "ContainerClosedError", "DependencyCycleError",
     "InvalidJobError", "InvalidStateError", "JobCancelled", "JobFailed", "JobNotFoundError",
     "LeaseLostError", "NotJSONError", "NotStartedError", "PermanentError", "SchemaError",
-    "UnsupportedDatabaseError",
+    "UnsupportedDatabaseError", "InvalidTagError", "ScheduleNotFoundError",
     # the tables, for Alembic users
     "metadata",
 }

@@ -1,0 +1,1 @@
+"""Integrations with frameworks (each imports its framework: install the matching extra)."""
