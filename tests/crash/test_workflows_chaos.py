@@ -1,6 +1,6 @@
 """External steps and run conditions under chaos: a random DAG mixing worker jobs (some with
 when="failed" or when="finished") and external steps (completed, failed, or left to time
-out) run by 3 worker processes SIGKILLed at random moments and
+out) run by 3 worker processes SIGKILLed every 0.25-0.6 s and
 replaced, while this process completes and fails the steps as they become ``external``.
 Afterwards every node is in exactly the state a pure reference model of the rules predicts
 (an upstream that did not end done cancels what waits on it, except a job with a run
@@ -88,7 +88,7 @@ async def test_external_steps_under_sigkills_end_as_the_model_says(
         refused = 0
         kills = 0
         deadline = time.monotonic() + 150
-        next_kill = time.monotonic() + rnd.uniform(1.0, 2.5)
+        next_kill = time.monotonic() + rnd.uniform(0.25, 0.6)
         while True:
             rows = {r.id: r for r in await q._read(lambda conn: _rows(conn, J))}
             if all(r.state in ("done", "failed", "cancelled") for r in rows.values()):
@@ -114,7 +114,7 @@ async def test_external_steps_under_sigkills_end_as_the_model_says(
                 fleet.kill(rnd.choice(alive))
                 kills += 1
                 fleet.spawn()
-                next_kill = time.monotonic() + rnd.uniform(1.0, 2.5)
+                next_kill = time.monotonic() + rnd.uniform(0.25, 0.6)
             await asyncio.sleep(0.05)
         for p in fleet.alive():
             fleet.term(p)
