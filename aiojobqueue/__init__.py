@@ -27,6 +27,7 @@ from .limits import Limit, RateLimit
 from .models import Job, JobState
 from .queue import JobQueue
 from .schema import metadata
+from .snooze import Snooze
 from .sync import SyncBatch, SyncQueue
 from .tags import InvalidTagError
 
@@ -60,6 +61,7 @@ __all__ = [
     "Reason",
     "ScheduleNotFoundError",
     "SchemaError",
+    "Snooze",
     "SyncBatch",
     "SyncQueue",
     "UnsupportedDatabaseError",

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from sqlalchemy import case, delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from . import conditions
 from . import schema as S
 from .database import Database
 from .errors import InvalidStateError, JobNotFoundError
@@ -116,21 +117,28 @@ class Actions:
                 update(J).where(J.c.id.in_(part)).values(
                     state=S.WAITING, error=None, finished_at=None, cancelled_by=None,
                     cancel_requested=False, live_key=J.c.key, pending=0,
-                    attempt_limit=case((J.c.kind == S.JOB, J.c.attempts + J.c.max_attempts),
+                    attempt_limit=case((J.c.kind.in_([S.JOB, *conditions.CONDITIONED]),
+                                        J.c.attempts + J.c.max_attempts),
                                        else_=J.c.attempt_limit),
                     run_after=db_now(),
                 )
             )
         up = J.alias("up")
         pending: dict[int, int] = defaultdict(int)
+        cond: dict[int, int] = {}  # jobs with a run condition count their own way
         for i in range(0, len(ids), CHUNK):
             part = ids[i : i + CHUNK]
+            cond.update(await conditions.count(self.db, conn, part))
             rows = await conn.execute(
                 select(D.c.job_id, func.count()).join(up, up.c.id == D.c.depends_on_id)
                 .where(D.c.job_id.in_(part), up.c.state != lit(S.DONE)).group_by(D.c.job_id)
             )
             for jid, n in rows:
-                pending[jid] += n
+                if jid not in cond:
+                    pending[jid] += n
+            for jid, n in cond.items():
+                if jid in part:
+                    pending[jid] += n
             par = J.alias("par")
             rows = await conn.execute(
                 select(J.c.id).join(par, par.c.id == J.c.parent_id)
@@ -141,7 +149,9 @@ class Actions:
         for jid, n in pending.items():
             await conn.execute(update(J).where(J.c.id == jid).values(pending=n))
         # release parents first so their children see an active container
-        await self.settler.release(conn, ids)
+        unmet = [(i, st) for i, st in await self.settler.release(conn, ids) if st == S.CANCELLED]
+        if unmet:  # when="failed" jobs whose dependencies are all done now (conditions.py)
+            await self.settler.settle(conn, unmet)
         # A revived job with another upstream still failed/cancelled can never run: cancel it
         # again (its dependents follow) instead of leaving it waiting for ever.
         dead = J.alias("dead")
@@ -155,7 +165,8 @@ class Actions:
                 .order_by(D.c.job_id, dead.c.id)
             )
             for jid, cause, cause_state in rows:
-                stuck.setdefault(jid, (cause, cause_state))
+                if jid not in cond:  # a failed upstream is what a condition waits for
+                    stuck.setdefault(jid, (cause, cause_state))
         for jid, (cause, cause_state) in sorted(stuck.items()):
             await conn.execute(
                 update(J).where(J.c.id == jid, J.c.state.in_(S.LIVE)).values(

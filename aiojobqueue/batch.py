@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
+from . import schema as S
 from .errors import InvalidJobError, JobNotFoundError, NotJSONError
 from .handlers import Handler
 from .tags import check_tags
@@ -99,6 +100,10 @@ class _Spec:
     cancelled_by: int | None = None
     #: the enqueuer's W3C trace context as JSON text (aiojobqueue.tracing), else None
     trace: str | None = None
+    #: an external step (Batch.external): no worker runs it (external.py)
+    is_external: bool = False
+    #: the run condition (conditions.py): "done", "failed" or "finished"
+    when: str = "done"
     #: the job's tags (aiojobqueue.tags), checked
     tags: tuple[str, ...] = ()
 
@@ -135,6 +140,7 @@ class Batch:
         max_attempts: int | None = None,
         key: str | None = None,
         parent: Ref | None = None,
+        when: str = "done",
         tags: Iterable[str] | None = None,
     ) -> JobRef:
         """Add a job; returns a ref usable in ``depends_on``/``parent`` of later adds (its
@@ -144,13 +150,20 @@ class Batch:
         type this queue has a handler for) ``args`` must fit its signature, else
         InvalidJobError naming the argument. Without ``group`` or ``weight`` a child of a
         container takes its container's, any other job the queue's ``default_group`` and 1.
-        ``tags``: labels to find the job by (aiojobqueue.tags; InvalidTagError on a bad one).
-        See ``JobQueue.enqueue`` for the other options."""
+        See ``JobQueue.enqueue`` for the other options. ``when``: run once every dependency
+        is done (``"done"``, the default), once every one is terminal and one failed or was
+        cancelled (``"failed"``), or once every one is terminal (``"finished"``); see
+        docs/workflows.md. ``tags``: labels to find the job by (aiojobqueue.tags;
+        InvalidTagError on a bad one)."""
+        if when.__class__ is not str or when not in S.WHEN_KINDS:
+            raise InvalidJobError(f"when must be 'done', 'failed' or 'finished': {when!r}")
         labels = check_tags(tags) if tags is not None else ()  # before anything is added
         ref = self._add(
             type, {} if args is None else args, False, group, weight, depends_on, run_after,
             priority, timeout, max_attempts, key, parent,
         )
+        if when != "done":
+            self._specs[-1].when = when
         if labels:
             self._specs[-1].tags = labels
         return ref
@@ -171,6 +184,29 @@ class Batch:
         return self._add(
             type, {}, True, group, weight, depends_on, None, priority, None, 1, key, parent
         )
+
+    def external(
+        self,
+        type: str = "external",
+        args: dict[str, Any] | None = None,
+        *,
+        group: str | None = None,
+        timeout: timedelta | float | None = None,
+        key: str | None = None,
+        depends_on: Iterable[Ref] = (),
+        priority: int = 0,
+        parent: Ref | None = None,
+    ) -> JobRef:
+        """Add an external step: a node no worker runs. Once its dependencies are done it
+        is ``external`` until ``queue.complete(id, result)`` or ``queue.fail(id, error)``
+        ends it, or it fails ``timeout`` (seconds or a timedelta; None: never) after it
+        became external. Dependents and containers treat it like any job."""
+        if isinstance(timeout, timedelta):
+            timeout = timeout.total_seconds()
+        ref = self._add(type, {} if args is None else args, False, group, None, depends_on,
+                        None, priority, timeout, 1, key, parent)
+        self._specs[-1].is_external = True
+        return ref
 
     def _add(
         self,

@@ -82,12 +82,22 @@ async def plan_graph(
                 s.weight = weight
         traits[n] = (s.group, s.weight)
         pending = 0
+        failed_up = False
         for dn in s.dep_nodes:
             if state[dn] == S.DONE:
+                continue
+            if s.when != "done" and state[dn] in (S.FAILED, S.CANCELLED):
+                failed_up = True  # ended: what a run condition waits for (conditions.py)
                 continue
             pending += 1
             if dn in cause:
                 cause.setdefault(n, cause[dn])
+        if s.when == "failed" and not failed_up:
+            if not pending:
+                raise InvalidJobError(
+                    f"when='failed': every dependency of {s.type!r} is already done (or it has "
+                    "none), so it could never run")
+            pending += S.HOLD
         pn = s.parent_node
         if pn is not None:
             parent[n] = pn
@@ -107,6 +117,8 @@ async def plan_graph(
             s.state = S.WAITING
         elif s.is_container:
             s.state = S.ACTIVE
+        elif s.is_external:
+            s.state = S.EXTERNAL
         else:
             s.state = S.SCHEDULED if s.run_after is not None else S.READY
         state[n] = s.state

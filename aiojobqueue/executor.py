@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import traceback
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select, update
+from sqlalchemy import update
 
-from . import progress, threads, tracing
+from . import fanin, progress, threads, tracing
 from . import schema as S
 from .batch import Batch, check_json
 from .claimed import Claimed
@@ -17,6 +18,7 @@ from .database import Database
 from .errors import AioJobQueueError, NotJSONError
 from .finalize import Outcome
 from .handlers import Handler, HandlerSpec
+from .snooze import Snooze
 from .sql import lit
 
 if TYPE_CHECKING:
@@ -103,17 +105,10 @@ class JobContext:
         await self._progress.report(done, total, message)
 
     async def dependency_results(self) -> dict[int, Any]:
-        """``{dependency id: result}`` of the jobs this one depends on."""
-        J, D = self._db.t.jobs, self._db.t.deps
-
-        async def read(conn: Any) -> dict[int, Any]:
-            rows = await conn.execute(
-                select(J.c.id, J.c.result).join(D, D.c.depends_on_id == J.c.id)
-                .where(D.c.job_id == self._c.id)
-            )
-            return {r.id: r.result for r in rows}
-
-        return await self._db.read(read)
+        """``{dependency id: result}`` of the jobs this one depends on; a dependency that is a
+        container maps to ``{child id: result}`` of every leaf it holds (nested containers
+        flattened)."""
+        return await self._db.read(partial(fanin.dependency_results, self._db, job_id=self._c.id))
 
     def batch(self) -> Batch:
         """A batch to add jobs from inside the handler (a dynamic DAG)."""
@@ -183,6 +178,8 @@ async def run_attempt(core: Core, c: Claimed, reasons: Reasons,
         outcome = (Outcome(c.id, c.attempt, me, "cancelled") if reason == "cancel"
                    else Outcome(c.id, c.attempt, me, "released")
                    if reason in ("shutdown", "expired") else None)
+    except Snooze as exc:  # back to scheduled, no attempt used (finalize.py, snooze.py)
+        outcome = Outcome(c.id, c.attempt, me, "snoozed", retry_in=exc.seconds)
     except BaseException as exc:
         outcome = _failed(c, me, spec, exc, tmo.expired(), limit)
     else:

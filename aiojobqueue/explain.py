@@ -13,9 +13,13 @@ Reason codes (``Reason.code``), in the order they are reported:
 * ``terminal``   done, failed or cancelled (data: state, error, finished_at);
 * ``running``    leased by a worker (data: worker, attempt, started_at, lease_expires,
                  cancel_requested, progress);
+* ``external``   an external step no worker runs, waiting for ``complete()`` / ``fail()``
+                 (data: since, deadline: None without a timeout; see external.py);
 * ``waiting_on`` unfinished jobs it waits on, its own dependencies and its containers',
                  a container's unfinished members included (data: ids, direct); a container
                  that is active waits on its unfinished children;
+* ``condition``  with ``waiting_on``: its run condition (data: when, "failed" or "finished";
+                 see conditions.py);
 * ``scheduled``  its ``run_after`` has not come (data: when);
 * ``backoff``    a failed attempt's retry delay has not passed (data: when, attempt, error);
 * ``no_worker``  no live worker serves its type (data: type, live_workers);
@@ -61,8 +65,9 @@ if TYPE_CHECKING:
     from .core import Core
     from .database import Database
 
-CODES = ("terminal", "running", "waiting_on", "scheduled", "backoff", "no_worker", "paused",
-         "global_cap", "group_cap", "rate_limit", "limit", "fair_share", "ready")
+CODES = ("terminal", "running", "external", "waiting_on", "condition", "scheduled", "backoff",
+         "no_worker", "paused", "global_cap", "group_cap", "rate_limit", "limit", "fair_share",
+         "ready")
 #: At most this many ids in a ``waiting_on`` reason (its detail says how many in all).
 MAX_IDS = 100
 
@@ -133,8 +138,12 @@ async def explain(core: Core, job_id: int, conn: AsyncConnection | None = None,
             reasons = [_terminal(row)]
         elif state in S.LEASED_STATES:  # (leased: held by its worker for its next free slot)
             reasons = [_running(row, now)]
+        elif state == S.EXTERNAL:
+            reasons = [external_reason(row, now)]
         elif state in (S.WAITING, S.ACTIVE):
             reasons = [await _waiting_on(db, conn, row)]
+            if row.kind in (S.ONFAIL, S.ALWAYS):
+                reasons.append(_condition(row))
             if state == S.WAITING and row.run_after > now:
                 reasons.append(_scheduled(row, now))
         elif state == S.SCHEDULED and row.run_after > now:
@@ -151,6 +160,36 @@ def _terminal(row: Any) -> Reason:
     why = f" ({err.get('type')}: {err.get('message')})" if err else ""
     return Reason("terminal", f"It has finished{why}; it will not run again unless retried.",
                   {"state": row.state, "error": row.error, "finished_at": row.finished_at})
+
+
+def external_reason(row: Any, now: datetime) -> Reason:
+    """An external step: who it waits for (complete/fail), since and until when."""
+    since = row.started_at.isoformat(timespec="seconds") if row.started_at else "?"
+    if row.lease_expires is None:
+        until = "it has no timeout"
+    else:
+        left = (row.lease_expires - now).total_seconds()
+        until = (f"it fails at {row.lease_expires.isoformat(timespec='seconds')} (in "
+                 f"{left:.1f}s) unless completed" if left >= 0 else
+                 f"its timeout passed {-left:.1f}s ago: the next sweep fails it")
+    return Reason(
+        "external",
+        f"It is an external step: no worker runs it; it has waited since {since} for "
+        f"complete() or fail() (queue, SyncQueue, command line or dashboard); {until}.",
+        {"since": row.started_at, "deadline": row.lease_expires})
+
+
+def _condition(row: Any) -> Reason:
+    """Why a job with a run condition waits, and what it waits for (conditions.py)."""
+    if row.kind == S.ONFAIL:
+        held = row.pending % S.CREDIT >= S.HOLD
+        return Reason("condition", (
+            "It has when='failed': it runs once every dependency has ended and one of them "
+            "failed or was cancelled" + (" (none has yet; if all end done it is cancelled)."
+                                         if held else " (one has).")),
+            {"when": "failed", "failed_upstream": not held})
+    return Reason("condition", "It has when='finished': it runs once every dependency has "
+                  "ended, whatever the outcome.", {"when": "finished"})
 
 
 def _running(row: Any, now: datetime) -> Reason:
@@ -196,7 +235,10 @@ async def _waiting_on(db: Database, conn: AsyncConnection, row: Any) -> Reason:
             seen.add(node)
             up = (await conn.execute(
                 select(J.c.id, J.c.kind).join(D, D.c.depends_on_id == J.c.id)
-                .where(D.c.job_id == node, J.c.state != S.DONE))).all()
+                # a job with a run condition waits on its unfinished ones only
+                .where(D.c.job_id == node, J.c.state.in_(S.LIVE)
+                       if node == row.id and row.kind in (S.ONFAIL, S.ALWAYS)
+                       else J.c.state != S.DONE))).all()
             direct.update(r.id for r in up)
             boxes.update(r.id for r in up if r.kind == S.CONTAINER)
             node = (await conn.execute(select(J.c.parent_id).where(J.c.id == node))).scalar()

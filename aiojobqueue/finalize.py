@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import bindparam, case, false, null, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from . import held, history
+from . import held, history, snooze
 from . import schema as S
 from .attempts import round_attempt
 from .database import Database
@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Outcome:
-    """How one attempt ended. ``kind``: done | failed | cancelled | released.
+    """How one attempt ended. ``kind``: done | failed | cancelled | released | snoozed
+    (``retry_in``: the seconds the handler's ``Snooze`` asked for).
 
     ``finish_detailed()`` returns the outcomes that took effect with ``kind`` set to what
     actually happened: ``retry`` (failed, will run again after ``retry_in`` seconds) or ``failed``
@@ -297,7 +298,7 @@ class Finalizer:
             kind = o.kind
             # A cancel requested while the attempt ran wins over a retry or a release (else
             # the next claim would reset the flag and the cancel would be lost).
-            if kind in ("failed", "released") and row.cancel_requested:
+            if kind in ("failed", "released", "snoozed") and row.cancel_requested:
                 kind = "cancelled"
             retry_in: float | None = None
             if kind == "done":
@@ -347,6 +348,9 @@ class Finalizer:
                     )
                 )
                 released = True
+            elif kind == "snoozed":  # back to scheduled, no attempt used (snooze.py)
+                await snooze.write(self.db, conn, o.job_id, o.retry_in or 0.0)
+                retry_in = o.retry_in
             else:  # pragma: no cover - programming error
                 raise ValueError(kind)
             effective.append(replace(o, kind=kind, retry_in=retry_in))

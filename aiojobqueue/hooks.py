@@ -33,7 +33,7 @@ from typing import Any
 
 log = logging.getLogger("aiojobqueue.hooks")
 
-EVENTS = ("start", "done", "retry", "failed", "cancelled", "released", "discarded")
+EVENTS = ("start", "done", "retry", "failed", "cancelled", "released", "discarded", "snoozed")
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class JobEvent:
     duration: float | None = None
     #: ``{"type", "message", "traceback"}`` for retry/failed/cancelled, else None.
     error: dict[str, Any] | None = None
-    #: For ``retry``: seconds until the job becomes runnable again.
+    #: For ``retry`` and ``snoozed``: seconds until the job becomes runnable again.
     retry_in: float | None = None
     #: True when the worker that ran the attempt died and another one finalised it.
     reclaimed: bool = False

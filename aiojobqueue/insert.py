@@ -14,8 +14,8 @@ from sqlalchemy import Engine, bindparam, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
+from . import external, tracing
 from . import schema as S
-from . import tracing
 from .batch import JobRef, Node, Ref, _Spec
 from .claim import Claimer
 from .dag import plan_graph
@@ -91,6 +91,7 @@ class Inserter:
         known = self.claimer.known_groups
         return len(specs) <= BULK_ROWS and all(
             s.key is None and not s.depends_on and s.parent is None and not s.is_container
+            and not s.is_external and s.when == "done"
             and not s.tags and s.group in known and not isinstance(s.run_after, datetime)
             for s in specs
         )
@@ -156,12 +157,12 @@ class Inserter:
         ups: set[tuple[str, int]] = set()
         # A batch without edges or parents (the common bulk load) has nothing to lock, cannot
         # form a cycle and is one level: skip the graph work below.
-        graph = any(s.depends_on or s.parent is not None for s in fresh)
+        graph = any(s.depends_on or s.parent is not None or s.when != "done" for s in fresh)
         if graph:
             levels = await plan_graph(self.db, conn, fresh, existing, ups)
         else:
             for s in fresh:
-                s.state = (S.ACTIVE if s.is_container
+                s.state = (S.ACTIVE if s.is_container else S.EXTERNAL if s.is_external
                            else S.SCHEDULED if s.run_after is not None else S.READY)
             levels = [fresh]
 
@@ -192,6 +193,9 @@ class Inserter:
                 wake = wake and self.db.ops.notify_expr() is None
             for s, new_id in zip(level, ids, strict=True):
                 s.ref._id = new_id
+        armed = [s.ref.id for s in fresh if s.state == S.EXTERNAL]
+        if armed:  # their deadlines, from now (external.py)
+            await external.arm(self.db, conn, armed)
         if graph:
             edges = [(s.ref.id, resolve(d)) for s in fresh for d in s.dep_nodes]
             await self.db.ops.insert_edges(conn, [j for j, _ in edges], [u for _, u in edges])
@@ -283,7 +287,8 @@ def _columns(
             run_at.append(ra if ra.tzinfo else ra.replace(tzinfo=UTC))
     return {
         "type": [s.type for s in level],
-        "kind": [S.CONTAINER if s.is_container else S.JOB for s in level],
+        "kind": [S.CONTAINER if s.is_container else S.EXTERNAL_KIND if s.is_external
+                 else S.WHEN_KINDS[s.when] for s in level],
         "state": [s.state for s in level],
         "args": [s.args for s in level],
         "parent_id": parents,

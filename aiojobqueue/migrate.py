@@ -106,8 +106,8 @@ async def _upgrade_once(db: Database) -> int:
     if 0 < found < 9:
         await _v8_to_v9(db)
     if 0 < found < 10:
+        await _v9_to_v10_jobs(db)
         await _v9_to_v10_ops_schedules(db)
-        await _v9_to_v10_firsthour_core(db)
     async with db.engine.begin() as conn:
         await conn.run_sync(db.t.metadata.create_all, checkfirst=True)
     async with db.engine.begin() as conn:
@@ -313,10 +313,14 @@ async def _v8_to_v9(db: Database) -> None:
         await conn.run_sync(lambda sync_conn: ix.create(sync_conn, checkfirst=True))
 
 
-async def _v9_to_v10_firsthour_core(db: Database) -> None:
-    """v10: the ``releases`` count on jobs (``Job.releases``: attempts given back without an
-    outcome), NOT NULL DEFAULT 0, added only if missing, under the gate's lock."""
+async def _v9_to_v10_jobs(db: Database) -> None:
+    """v10: on jobs, the ``releases`` count (``Job.releases``: attempts given back without an
+    outcome) and the ``snoozes`` count (``Snooze``), NOT NULL DEFAULT 0, and the ``external``
+    state's index ``ix_external``; each added only if missing, under the gate's lock. No row
+    changes (``state`` and ``kind`` are plain strings). The v10 tables (policy, schedules,
+    tags, sweeps) are new: create_all makes them."""
     J = db.t.jobs
+    ix = next(i for i in J.indexes if i.name == f"{_prefix(db)}ix_external")
     async with db.engine.begin() as conn:
         await db.ops.lock_gate(conn)
 
@@ -325,9 +329,12 @@ async def _v9_to_v10_firsthour_core(db: Database) -> None:
 
             return {c["name"] for c in inspect(sync_conn).get_columns(J.name)}
 
-        if "releases" not in await conn.run_sync(columns):
-            await conn.execute(text(
-                f"ALTER TABLE {J.name} ADD COLUMN releases INTEGER NOT NULL DEFAULT 0"))
+        have = await conn.run_sync(columns)
+        for name in ("releases", "snoozes"):
+            if name not in have:
+                await conn.execute(text(
+                    f"ALTER TABLE {J.name} ADD COLUMN {name} INTEGER NOT NULL DEFAULT 0"))
+        await conn.run_sync(lambda sync_conn: ix.create(sync_conn, checkfirst=True))
 
 
 @dataclass(frozen=True)

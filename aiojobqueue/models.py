@@ -19,6 +19,8 @@ class JobState(StrEnum):
     #: not counted by the caps)
     LEASED = "leased"
     ACTIVE = "active"  #: a container whose children may run
+    #: an external step waiting for ``complete()`` / ``fail()`` (or its timeout)
+    EXTERNAL = "external"
     DONE = "done"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -62,6 +64,10 @@ class Job:
     errors: tuple[dict[str, Any], ...] = field(default=())
     #: How many failed attempts older than those in ``errors`` were dropped.
     errors_omitted: int = 0
+    #: How many times a handler raised ``Snooze`` (none of them used an attempt).
+    snoozes: int = 0
+    #: An external step (``b.external`` / ``enqueue_external``): no worker runs it.
+    is_external: bool = False
     #: The job's tags (``enqueue(..., tags=[...])``), sorted.
     tags: tuple[str, ...] = ()
     #: Attempts given back without an outcome (graceful shutdown, a lease that could not be

@@ -20,6 +20,7 @@ from . import schema as S
 from . import stored_policy
 from .batch import MAX_ID, Batch, JobRef
 from .core import Core, close_core, open_core
+from .debounce import enqueue as debounced
 from .dialects.urls import async_url, listen_url_for
 from .errors import (
     ConfigurationError,
@@ -42,6 +43,7 @@ from .settings import DEFAULT_POOL_SIZE, Settings
 from .snapshot import read_job
 from .stored_policy import UNSET, Policy, Unset
 from .worker import Worker
+from .workflowapi import ExternalSteps
 
 log = logging.getLogger("aiojobqueue")
 T = TypeVar("T")
@@ -73,7 +75,7 @@ class _Setting(Generic[V]):
             q._t = S.build_tables(q._settings.prefix)
 
 
-class JobQueue:
+class JobQueue(ExternalSteps):
     """A DAG job queue whose only state is your database.
 
     ``url`` is a SQLAlchemy URL (``sqlite:///jobs.db``, ``postgresql://…``, ``mysql://…``;
@@ -305,6 +307,9 @@ class JobQueue:
         max_attempts: int | None = None,
         key: str | None = None,
         parent: JobRef | int | None = None,
+        debounce: timedelta | float | None = None,
+        debounce_max: timedelta | float | None = None,
+        when: str = "done",
         tags: Iterable[str] | None = None,
     ) -> int:
         """Enqueue one job and return its id (with a live ``key``: the existing job's id).
@@ -313,11 +318,19 @@ class JobQueue:
         args must fit its signature (else InvalidJobError, and nothing is inserted). A type
         with no handler here is accepted: another process may serve it. Options are those
         of ``Batch.add``, which returns a JobRef instead: inside a batch the id exists only
-        once the batch has been inserted (``ref.id``)."""
+        once the batch has been inserted (``ref.id``); ``when``: the run condition (see
+        ``Batch.add``). ``debounce`` (with ``key``): while
+        the keyed job has not started, a later enqueue replaces its args and moves its run
+        to now + debounce, never past its first enqueue + ``debounce_max`` (debounce.py)."""
+        if debounce is not None:
+            return await debounced(self, type, args, key, debounce, debounce_max, dict(
+                group=group, weight=weight, depends_on=depends_on, run_after=run_after,
+                priority=priority, timeout=timeout, max_attempts=max_attempts, parent=parent,
+                when=when, tags=tags))
         b = self.batch()
         ref = b.add(type, args, group=group, weight=weight, depends_on=depends_on,
                     run_after=run_after, priority=priority, timeout=timeout,
-                    max_attempts=max_attempts, key=key, parent=parent, tags=tags)
+                    max_attempts=max_attempts, key=key, parent=parent, when=when, tags=tags)
         await b.commit()
         return ref.id
 

@@ -9,13 +9,13 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from sqlalchemy import case, func, select, update
+from sqlalchemy import and_, case, func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as S
 from .database import Database
 from .sql import lit
-from .timeutil import db_now
+from .timeutil import db_now, utcnow_plus
 
 CHUNK = 1000
 #: how a statement matches a column against the id list it works on
@@ -34,10 +34,22 @@ def unblock(db: Database, pending: Any) -> dict[str, Any]:
         "state": case(
             (pending > 0, lit(S.WAITING)),
             (J.c.kind == lit(S.CONTAINER), lit(S.ACTIVE)),
+            (J.c.kind == lit(S.EXTERNAL_KIND), lit(S.EXTERNAL)),
             (J.c.run_after <= db_now(), lit(S.READY)),
             else_=lit(S.SCHEDULED),
         ),
+        **armed(db, pending <= 0),
     }
+
+
+def armed(db: Database, freed: Any) -> dict[str, Any]:
+    """SET clauses of unblock: an external step that stops waiting (``freed``) starts now,
+    and its deadline is now + its ``timeout`` (external.py). Every release path (the
+    PostgreSQL routines too) is built from unblock, so each arms it the same way."""
+    J = db.t.jobs
+    ext = and_(freed, J.c.kind == lit(S.EXTERNAL_KIND))
+    return {"started_at": case((ext, db_now()), else_=J.c.started_at),
+            "lease_expires": case((ext, utcnow_plus(J.c.timeout)), else_=J.c.lease_expires)}
 
 
 def unblocked_columns(db: Database, wakes: bool = True) -> list[Any]:
@@ -115,11 +127,12 @@ async def release_locked(db: Database, conn: AsyncConnection, ids: Sequence[int]
             update(J).where(J.c.id.in_(free[i : i + CHUNK]), J.c.state == lit(S.WAITING))
             .values(**unblock(db, J.c.pending))
         )
-    if any(r.pending <= 0 and r.kind != S.CONTAINER for r in rows):
+    if any(r.pending <= 0 and r.kind == S.JOB for r in rows):
         await db.ops.notify(conn)
     # READY stands for "ready or scheduled" here (the rows are only told apart as live).
     return [_Row(r.id, r.kind, S.WAITING if r.pending > 0 else
-                 S.ACTIVE if r.kind == S.CONTAINER else S.READY, r.parent_id) for r in rows]
+                 S.ACTIVE if r.kind == S.CONTAINER else S.EXTERNAL
+                 if r.kind == S.EXTERNAL_KIND else S.READY, r.parent_id) for r in rows]
 
 
 class ReturningWrites:

@@ -51,9 +51,20 @@ LEASED = "leased"
 LEASED_STATES = (RUNNING, LEASED)
 DONE, FAILED, CANCELLED = "done", "failed", "cancelled"
 TERMINAL = (DONE, FAILED, CANCELLED)
-LIVE = (WAITING, SCHEDULED, READY, RUNNING, ACTIVE, LEASED)
+#: v10: an external step released from its dependencies, waiting for ``complete()`` or
+#: ``fail()`` (or its timeout); no claim ever picks it (see external.py)
+EXTERNAL = "external"
+LIVE = (WAITING, SCHEDULED, READY, RUNNING, ACTIVE, LEASED, EXTERNAL)
 
-JOB, CONTAINER = "job", "container"
+#: v10: EXTERNAL_KIND is the kind of an external step (``b.external``), a job no worker runs
+JOB, CONTAINER, EXTERNAL_KIND = "job", "container", "external"
+#: v10: the kinds of jobs with a run condition (conditions.py): ``when="failed"`` (ONFAIL)
+#: and ``when="finished"`` (ALWAYS); ``when="done"`` is a plain JOB
+ONFAIL, ALWAYS = "onfail", "always"
+WHEN_KINDS = {"done": JOB, "failed": ONFAIL, "finished": ALWAYS}
+#: What a ``when="failed"`` job adds to its ``pending`` until an upstream fails or is
+#: cancelled (conditions.py): below CREDIT, above any count of dependencies.
+HOLD = 1 << 20
 
 
 
@@ -108,6 +119,14 @@ def leased_index(p: str, jobs: Table | None = None) -> Index:
     args: list[Any] = [jobs] if jobs is not None else []
     return Index(f"{p}ix_leased", "state", "lease_owner", "lease_expires", *args,
                  **_partial(LEASED))
+
+
+def external_index(p: str, jobs: Table | None = None) -> Index:
+    """v10: the ``external`` rows (few), for the timeout sweep (external.py): an external
+    step's deadline is its ``lease_expires`` (no worker leases it; set when it becomes
+    external: ``started_at`` + its ``timeout``)."""
+    args: list[Any] = [jobs] if jobs is not None else []
+    return Index(f"{p}ix_external", "state", "lease_expires", *args, **_partial(EXTERNAL))
 
 
 def live_key_index(p: str) -> Index:
@@ -230,12 +249,16 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         # Set (never cleared) when a dependency edge to this job is added, under its row lock:
         # a finalize that sees it unset needs no dependents look-up (see completer.finish_fast).
         Column("has_dependents", Boolean, nullable=False, server_default=false()),
+        # v10: how many times a handler raised Snooze (each put the job back without using
+        # an attempt: see snooze.py)
+        Column("snoozes", Integer, nullable=False, server_default="0"),
         # `state` leads every state index so MySQL/MariaDB (no partial indexes) can use them too.
         ready_weight_index(p),
         Index(f"{p}ix_running", "state", "group_key", "lease_expires", **_partial(RUNNING)),
         Index(f"{p}ix_running_owner", "state", "lease_owner", **_partial(RUNNING)),
         leased_index(p),
         Index(f"{p}ix_scheduled", "state", "run_after", **_partial(SCHEDULED)),
+        external_index(p),
         *v2_indexes(p),
         *overview_indexes(p),
         live_key_index(p),

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from . import conditions
 from . import schema as S
 from .database import Database
 from .release import CHUNK, WritePath, release_locked
@@ -105,6 +106,8 @@ class Settler:
         busy: set[int] = set()
         any_ready = False
         while rows:
+            # a when="failed" job whose every dependency ended done (conditions.py)
+            finished += await conditions.unmet(self.db, conn, rows)
             boxes: list[int] = []
             for r in rows:
                 if r.kind == S.CONTAINER:
@@ -140,22 +143,28 @@ class Settler:
         frontier = dict(roots)
         out: list[int] = []
         cause_state: dict[int, str] = {}
+        # run conditions: failed/cancelled edges into when="failed"/"finished" jobs, which
+        # are not cancelled (conditions.py)
+        soft: dict[int, int] = defaultdict(int)
         while frontier:
             ids = sorted(frontier)
             hits: dict[int, int] = {}
             for i in range(0, len(ids), CHUNK):
                 part = ids[i : i + CHUNK]
                 rows = await conn.execute(
-                    select(D.c.job_id, D.c.depends_on_id).join(J, J.c.id == D.c.job_id)
+                    select(D.c.job_id, D.c.depends_on_id, J.c.kind).join(J, J.c.id == D.c.job_id)
                     .where(D.c.depends_on_id.in_(part), J.c.state.in_(S.LIVE))
                 )
-                for jid, up in rows:
-                    hits.setdefault(jid, frontier[up])
-                rows = await conn.execute(
+                for jid, up, kind in rows:
+                    if kind in conditions.CONDITIONED:
+                        soft[jid] += 1
+                    else:
+                        hits.setdefault(jid, frontier[up])
+                kids = await conn.execute(
                     select(J.c.id, J.c.parent_id).where(J.c.parent_id.in_(part),
                                                         J.c.state.in_(S.LIVE))
                 )
-                for jid, up in rows:
+                for jid, up in kids:
                     hits.setdefault(jid, frontier[up])
             if not hits:
                 break
@@ -177,7 +186,8 @@ class Settler:
                         .values(cancel_requested=True, cancelled_by=c)
                     )
                     stmt = select(J.c.id).where(
-                        J.c.id.in_(part), J.c.state.in_([S.WAITING, S.SCHEDULED, S.READY, S.ACTIVE])
+                        J.c.id.in_(part),
+                        J.c.state.in_([S.WAITING, S.SCHEDULED, S.READY, S.ACTIVE, S.EXTERNAL])
                     )
                     victims = [r[0] for r in await conn.execute(self.db.ops.for_update(stmt))]
                     if victims:
@@ -189,6 +199,8 @@ class Settler:
                         )
                         out += victims
                         frontier.update({v: c for v in victims})
+        if soft:
+            await conditions.soften(self, conn, soft)
         return out
 
     async def rollup(
@@ -223,8 +235,11 @@ class Settler:
                                         J.c.state.in_([lit(x) for x in S.LIVE]))
 
             def n(state: str) -> Any:
+                # a when="failed" child whose condition did not hold (cancelled_by = its own
+                # id: conditions.unmet) does not make its container cancelled
                 return (select(func.count()).where(J.c.parent_id == bindparam("c"),
-                                                   J.c.state == lit(state), ~live.exists())
+                                                   J.c.state == lit(state), ~live.exists(),
+                                                   J.c.cancelled_by.is_distinct_from(J.c.id))
                         .scalar_subquery())
             return select(live.exists().label("live"), n(S.FAILED).label("failed"),
                           n(S.CANCELLED).label("cancelled"))

@@ -43,6 +43,7 @@ def to_job(row: Any, deps: list[int], tags: tuple[str, ...] = ()) -> Job:
         cancelled_by=row.cancelled_by, lease_owner=row.lease_owner, created_at=row.created_at,
         run_after=row.run_after, started_at=row.started_at, finished_at=row.finished_at,
         progress=progress.snapshot(row.progress), errors=errors, errors_omitted=omitted,
+        snoozes=row.snoozes, is_external=row.kind == S.EXTERNAL_KIND,
         tags=tags,
         releases=row.releases, attempt_limit=row.attempt_limit,
     )

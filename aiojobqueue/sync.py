@@ -263,6 +263,19 @@ class SyncQueue:
         """Make a failed or cancelled job runnable again (see ``JobQueue.retry``)."""
         self._run(self._queue.retry(job_id))
 
+    def enqueue_external(self, type: str = "external", args: dict[str, Any] | None = None,
+                         **options: Any) -> int:
+        """Enqueue one external step (see ``JobQueue.enqueue_external``)."""
+        return self._run(self._queue.enqueue_external(type, args, **options))
+
+    def complete(self, job_id: int, result: Any = None) -> None:
+        """End an external step as done (see ``JobQueue.complete``): a webhook view's call."""
+        self._run(self._queue.complete(job_id, result))
+
+    def fail(self, job_id: int, error: str | dict[str, Any] | None = None) -> None:
+        """End an external step as failed (see ``JobQueue.fail``)."""
+        self._run(self._queue.fail(job_id, error))
+
     # -- the policy in the database (see JobQueue.policy) ---------------------------------
     def policy(self) -> Policy:
         """The policy in force, as stored: caps, weights, rates and pauses."""
@@ -350,6 +363,11 @@ class SyncBatch:
         """Add a container (see ``Batch.container``)."""
         return self._batch.container(type, group=group, weight=weight, depends_on=depends_on,
                                      priority=priority, key=key, parent=parent)
+
+    def external(self, type: str = "external", args: dict[str, Any] | None = None,
+                 **options: Any) -> JobRef:
+        """Add an external step (see ``Batch.external``)."""
+        return self._batch.external(type, args, **options)
 
     def commit(self) -> list[int]:
         """Insert everything added so far (called on leaving ``with``); the ids in order."""

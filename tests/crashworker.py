@@ -123,7 +123,9 @@ def build(args: argparse.Namespace) -> JobQueue:
         got = await ctx.dependency_results()
         await asyncio.sleep(ms / 1000)
         event("end", job=ctx.job_id, attempt=ctx.attempt)
-        return result(ctx, deps={str(k): [v["job"], v["attempt"]] for k, v in got.items()})
+        # (a run condition's job also sees failed or cancelled dependencies: no result)
+        return result(ctx, deps={str(k): [v["job"], v["attempt"]] for k, v in got.items()
+                                 if v is not None})
 
     @q.handler("spin")
     def spin(ctx: ThreadContext, seconds: float) -> dict[str, Any]:

@@ -18,6 +18,7 @@ One module per job:
 - ``policy``   ``policy``, ``policy set``, ``group set``, ``pause``, ``resume``
 - ``schedules`` ``schedules``, ``schedule pause|resume|trigger``
 - ``dashboard`` ``dashboard`` (the web dashboard, from ``aiojobqueue.web``)
+- ``external`` ``complete``, ``fail`` (external steps)
 
 Adding a command (say ``graph``): write ``aiojobqueue/cli/graph.py`` with an
 ``@app.command()`` function that calls ``run(url, ...)`` on an ``opened(url, prefix)`` queue
@@ -33,7 +34,7 @@ from .app import app, main
 
 #: The command modules; importing one registers its commands on ``app``.
 COMMANDS = ("demo", "worker", "queries", "explain", "actions", "policy", "schedules",
-            "dashboard")
+            "dashboard", "external")
 for _name in COMMANDS:
     importlib.import_module(f"{__name__}.{_name}")
 

@@ -36,6 +36,7 @@ from . import data as Q
 from . import policy as P
 from . import times as T
 from . import views as V
+from .external import end_step
 from .live import Hub
 
 if TYPE_CHECKING:
@@ -89,6 +90,8 @@ class Dashboard:
             Route("/jobs/{job_id:int}/dag", self.dag, name="dag"),
             Route("/jobs/{job_id:int}/retry", self.one, methods=["POST"], name="retry"),
             Route("/jobs/{job_id:int}/cancel", self.one, methods=["POST"], name="cancel"),
+            Route("/jobs/{job_id:int}/complete", self.one, methods=["POST"], name="complete"),
+            Route("/jobs/{job_id:int}/fail", self.one, methods=["POST"], name="fail"),
             Route("/workers", self.workers, name="workers"),
             Route("/schedules", self.schedules, name="schedules"),
             Route("/schedules/{action:str}", self.schedule_action, methods=["POST"],
@@ -233,6 +236,8 @@ class Dashboard:
         action = request.url.path.rsplit("/", 1)[1]
         if action == "retry":
             await self.q.retry(jid)
+        elif action in ("complete", "fail"):  # an external step (web/external.py)
+            await end_step(self.q, request, jid, action)
         else:
             await self.q.cancel(jid)
         return RedirectResponse(request.url_for("job", job_id=jid), 303)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from datetime import datetime
 
 from sqlalchemy import func, literal, select
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -102,6 +103,7 @@ class DagReads(Reader):
                     select(D.c.depends_on_id, D.c.job_id).where(D.c.job_id.in_(part))):
                     if up in nodes:
                         edges.append((up, down))
+            await external_notes(self.t, conn, nodes)
             return Graph(job_id, nodes, edges, hidden, truncated or len(nodes) >= DAG_FETCH)
 
         return await self._read(read)
@@ -150,3 +152,25 @@ def group_states(nodes: Iterable[Node]) -> dict[str, int]:
     for n in nodes:
         out[n.state] += 1
     return dict(out)
+
+
+async def external_notes(t: S.Tables, conn: AsyncConnection, nodes: dict[int, Node]) -> None:
+    """Each external step's note: who it waits for, since when, until when (its row's
+    ``started_at`` and deadline ``lease_expires``: external.py)."""
+    J = t.jobs
+    ext = sorted(i for i, n in nodes.items() if n.kind == S.EXTERNAL_KIND)
+    for i in range(0, len(ext), 500):
+        for r in await conn.execute(select(J.c.id, J.c.state, J.c.started_at, J.c.lease_expires)
+                                    .where(J.c.id.in_(ext[i : i + 500]))):
+            nodes[r.id].note = external_note(r.state, r.started_at, r.lease_expires)
+
+
+def external_note(state: str, since: datetime | None, until: datetime | None) -> str:
+    """The tooltip of an external step."""
+    if state == S.WAITING:
+        return "external step: waits for its dependencies, then for complete() or fail()"
+    if state != S.EXTERNAL:
+        return "external step"
+    at = f" since {since:%Y-%m-%d %H:%M:%S} UTC" if since else ""
+    end = f", fails at {until:%Y-%m-%d %H:%M:%S} UTC" if until else ", no timeout"
+    return f"external step: waiting for complete() or fail(){at}{end}"

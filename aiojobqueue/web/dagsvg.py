@@ -1,8 +1,9 @@
 """The DAG page's SVG: boxes where dag.layout placed them, edges along its routes.
 
-Edges carry an optional style per dependency (``Graph.when``: a run condition other than
-"done" is drawn dashed, class ``when-<condition>``), and nodes an optional second line
-(``Node.subtitle``), so new facts about the DAG need no change to the layout.
+Edges carry an optional style per dependency (``Graph.when``, else the job's kind: a run
+condition other than "done" is drawn dashed, classes ``cond when-<condition>``), and nodes
+an optional second line (``Node.subtitle``) and a tooltip note (``Node.note``), so new facts
+about the DAG need no change to the layout.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from .data import Graph, Node
 
 if TYPE_CHECKING:
     from .dag import Layout
+
+#: a job's run condition, as its kind says it (conditions.py): its incoming edges are dashed
+KIND_WHEN = {S.ONFAIL: "failed", S.ALWAYS: "finished"}
 
 
 def svg(graph: Graph, lay: Layout, job_url: str, expand_url: str | None = None) -> Markup:
@@ -56,8 +60,10 @@ def _edges(graph: Graph, lay: Layout) -> list[str]:
     when = graph.when
     for u, v in lay.edges:
         hot = (u, v) in lay.blocking_edges
-        cond = when.get((u, v), "done")
-        cls = "edge" + (" hot" if hot else "") + ("" if cond == "done" else f" when-{cond}")
+        n = graph.nodes.get(v) if v > 0 else None
+        cond = when.get((u, v)) or (KIND_WHEN.get(n.kind, "done") if n else "done")
+        cls = ("edge" + (" hot" if hot else "")
+               + ("" if cond == "done" else f" cond when-{cond}"))
         a, b = lay.ends[(u, v)]
         out.append(
             f'<path class="{escape(cls)}" data-from="{u}" data-to="{v}" data-a="{a}" '
@@ -138,4 +144,6 @@ def _label(n: Node) -> str:
 
 def _title(n: Node) -> str:
     kind = "container" if n.kind == S.CONTAINER else "job"
-    return f"{kind} #{n.id} {n.type} ({n.group}): {n.state}"
+    when = {S.ONFAIL: "; runs when a dependency failed", S.ALWAYS: "; runs when all finished"}
+    return (f"{kind} #{n.id} {n.type} ({n.group}): {n.state}" + when.get(n.kind, "")
+            + (f"; {n.note}" if n.note else ""))

@@ -248,6 +248,9 @@ class Node:
     group: str
     #: A second line drawn under the label (e.g. what an external step waits for).
     subtitle: str | None = None
+    #: what the DAG view adds to the node's tooltip (an external step: waiting for whom,
+    #: since when, until when; see dagreads.external_notes)
+    note: str = ""
 
 
 @dataclass

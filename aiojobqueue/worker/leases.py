@@ -23,6 +23,7 @@ from typing import Any
 
 from sqlalchemy import Connection, select, update
 
+from .. import external
 from .. import schema as S
 from ..core import Core
 from ..finalize import Outcome
@@ -308,6 +309,7 @@ class Reclaimer:
             # the rest of split releases that their worker left (it died, or its call failed)
             if await core.splits.any_left():
                 await core.splits.rest_releases()
+            await external.sweep(core)  # external steps past their timeout fail
             if events:
                 log.warning("reclaimed %d job(s) with expired leases", len(events),
                             extra={"worker": s.worker_id})

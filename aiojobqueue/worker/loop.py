@@ -366,7 +366,9 @@ class Worker:
                 select(func.count()).select_from(J).where(
                     J.c.state.in_([lit(x) for x in S.LEASED_STATES])
                     | ((J.c.state == lit(S.READY)) & J.c.type.in_(types))
-                    | ((J.c.state == lit(S.SCHEDULED)) & J.c.type.in_(types) & (J.c.attempts > 0))
+                    # a retry in backoff (a snooze is a delay, as run_after is: snooze.py)
+                    | ((J.c.state == lit(S.SCHEDULED)) & J.c.type.in_(types)
+                       & (J.c.attempts > J.c.snoozes))
                     | ((J.c.state == lit(S.SCHEDULED)) & J.c.type.in_(types)
                        & (J.c.run_after <= db_now()))
                 )

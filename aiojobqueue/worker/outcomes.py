@@ -209,6 +209,7 @@ class Outcomes:
             mine = (
                 (o.kind == "done" and r.state == S.DONE)
                 or (o.kind == "released" and r.state == S.READY)
+                or (o.kind == "snoozed" and r.state == S.SCHEDULED)
                 or (o.kind == "failed" and r.error == o.error)
                 or (o.kind == "cancelled" and r.state == S.CANCELLED
                     and err_type != "LeaseExpired")

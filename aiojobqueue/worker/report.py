@@ -36,6 +36,8 @@ def report(ev: JobEvent) -> None:
         msg, args = "%s failed%s (%s); retry in %.1fs", (head, took, why, ev.retry_in or 0.0)
     elif ev.event == "failed":
         msg, args = "%s failed for good%s (%s)", (head, took, why)
+    elif ev.event == "snoozed":
+        msg, args = "%s snoozed for %.1fs%s", (head, ev.retry_in or 0.0, took)
     elif ev.event == "discarded":
         msg, args = "%s: outcome discarded, lease no longer held", (head,)
     else:

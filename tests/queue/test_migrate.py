@@ -455,3 +455,45 @@ async def test_v8_schema_gains_the_leased_index(make_queue: Callable[..., JobQue
             refs = [b.add("t", {}) for _ in range(20)]
         await q2.run_until_idle()
     assert sorted(ran) == sorted(r.id for r in refs)
+
+
+async def test_v9_schema_gains_snoozes_and_the_external_index(
+    make_queue: Callable[..., JobQueue],
+) -> None:
+    """v10 (workflows) adds ``snoozes`` and ``ix_external``: a v9 schema with a job in it
+    gains both on upgrade (the job keeps its row, counted 0 snoozes), and external steps
+    and snoozes then work."""
+    from aiojobqueue import Snooze
+
+    q = make_queue()
+    async with q:
+        J, M = q._t.jobs, q._t.meta
+        ix = f"{q.prefix}ix_external"
+        old = await q.enqueue("t", {"v": 1})
+        async with q.engine.begin() as conn:  # back to what v9 looked like
+            on = f" ON {J.name}" if conn.dialect.name in ("mysql", "mariadb") else ""
+            await conn.execute(text(f"DROP INDEX {ix}{on}"))
+            await conn.execute(text(f"ALTER TABLE {J.name} DROP COLUMN snoozes"))
+            await conn.execute(update(M).where(M.c.name == "schema_version").values(value="9"))
+
+    q2 = make_queue()
+    naps: list[int] = []
+
+    @q2.handler("t")
+    async def t(ctx: JobContext, v: int) -> None:
+        naps.append(v)
+        if len(naps) == 1:
+            raise Snooze(0)
+
+    async with q2:  # upgrades
+        async with q2.engine.connect() as conn:
+            assert await version_of(conn, M) == str(SCHEMA_VERSION) == "10"
+            found = await index_columns(conn, J.name)
+            assert found[ix] == ["state", "lease_expires"]
+        assert (await q2.get(old)).snoozes == 0
+        step = await q2.enqueue_external(timeout=60)
+        await q2.run_until_idle()
+        job = await q2.get(old)
+        assert job.state == "done" and job.snoozes == 1 and naps == [1, 1]
+        await q2.complete(step, 1)
+        assert (await q2.get(step)).result == 1

@@ -18,6 +18,8 @@ PUBLIC = {
     "Job", "JobState", "JobEvent", "Explanation", "Reason",
     # limits
     "Limit", "RateLimit",
+    # workflows: raised by a handler to run again later without using an attempt
+    "Snooze",
     # errors
     "AioJobQueueError", "ConfigurationError", "ContainerClosedError", "DependencyCycleError",
     "InvalidJobError", "InvalidStateError", "JobCancelled", "JobFailed", "JobNotFoundError",

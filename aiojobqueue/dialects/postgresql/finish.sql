@@ -3,7 +3,7 @@ DECLARE
   v_ids bigint[]; v_rel bigint[]; v_parents bigint[]; v_next bigint[];
   v_busy bigint[] := '{}'; v_act bigint[] := '{}'; v_kids bigint[]; v_b bigint[];
   v_ready boolean := false; v_r boolean; v_nested boolean; v_p bigint; v_pp bigint;
-  v_deps bigint[]; v_boxes boolean; v_split integer; v_n integer;
+  v_deps bigint[]; v_boxes boolean; v_split integer; v_n integer; v_cond boolean;
 BEGIN
   WITH u AS (${finish_p_ids})
   SELECT coalesce(array_agg(u.id), '{}'),
@@ -21,8 +21,13 @@ ${split_block}
                         FILTER (WHERE r.kind <> '${CONTAINER}' AND r.parent_id IS NOT NULL), '{}'),
              coalesce(array_agg(r.id) FILTER (WHERE r.kind = '${CONTAINER}'
                                                 AND r.state <> '${WAITING}'), '{}'),
-             coalesce(bool_or(r.kind <> '${CONTAINER}' AND r.state = '${READY}'), false)
-        INTO v_b, v_act, v_r FROM r;
+             coalesce(bool_or(r.kind <> '${CONTAINER}' AND r.state = '${READY}'), false),
+             coalesce(bool_or(r.kind = '${ONFAIL}'), false)
+        INTO v_b, v_act, v_r, v_cond FROM r;
+      -- a when="failed" job released: whether its condition holds is the long path's
+      IF v_cond THEN
+        RAISE EXCEPTION USING ERRCODE = 'AJQ01';
+      END IF;
       v_busy := v_busy || v_b;
       v_ready := v_ready OR v_r;
     END IF;
@@ -31,8 +36,12 @@ ${split_block}
       SELECT coalesce(bool_or(k.kind = '${CONTAINER}' AND k.state <> '${WAITING}'), false),
              coalesce(array_agg(DISTINCT k.parent_id) FILTER (WHERE k.kind <> '${CONTAINER}'),
                       '{}'),
-             coalesce(bool_or(k.kind <> '${CONTAINER}' AND k.state = '${READY}'), false)
-        INTO v_nested, v_kids, v_r FROM k;
+             coalesce(bool_or(k.kind <> '${CONTAINER}' AND k.state = '${READY}'), false),
+             coalesce(bool_or(k.kind = '${ONFAIL}'), false)
+        INTO v_nested, v_kids, v_r, v_cond FROM k;
+      IF v_cond THEN
+        RAISE EXCEPTION USING ERRCODE = 'AJQ01';
+      END IF;
       -- a container activated in turn, or one that may be empty (to roll up at once): the
       -- long path's
       IF v_nested OR EXISTS (SELECT unnest(v_act) EXCEPT SELECT unnest(v_kids)) THEN

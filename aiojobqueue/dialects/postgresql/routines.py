@@ -70,7 +70,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.functions import Function
 
-from ...schema import CANCELLED, CONTAINER, DONE, FAILED, LIVE, READY, WAITING, Tables
+from ...schema import CANCELLED, CONTAINER, DONE, FAILED, LIVE, ONFAIL, READY, WAITING, Tables
 
 #: Every statement in them is meant to walk an index (the primary key, the edges', the
 #: ready and parent indexes); on a table whose statistics are stale (just loaded, not
@@ -119,6 +119,7 @@ def settle_routine(
                    literal_column("p_lo"), literal_column("p_ttl"))
     names = dict(
         CANCELLED=CANCELLED, CONTAINER=CONTAINER, DONE=DONE, FAILED=FAILED, READY=READY,
+        ONFAIL=ONFAIL,
         WAITING=WAITING, jobs=jobs, deps=t.deps.name, rels=t.releases.name, channel=channel,
         live=", ".join(f"'{x}'" for x in LIVE), split=int(split), part=int(part),
         row=", ".join(f"l.{c.name}" for c in leased.exported_columns),

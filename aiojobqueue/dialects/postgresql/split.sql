@@ -6,7 +6,7 @@
                               LIMIT v_split + 1) s) > v_split THEN
       SELECT array_agg(j.id ORDER BY j.priority DESC, j.id)
                FILTER (WHERE j.kind <> '${CONTAINER}' AND j.state = '${WAITING}'),
-             coalesce(bool_or(j.kind = '${CONTAINER}'), false)
+             coalesce(bool_or(j.kind IN ('${CONTAINER}', '${ONFAIL}')), false)
         INTO v_deps, v_boxes
         FROM ${jobs} j
        WHERE j.id = ANY(ARRAY(SELECT d.job_id FROM ${deps} d WHERE d.depends_on_id = v_rel[1]));
