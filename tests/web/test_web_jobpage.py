@@ -81,7 +81,7 @@ async def test_times_are_in_words_and_headings_read_right(
             state, _why, attempts, limit = page_facts(page)
             assert (state, attempts, limit) == ("failed", 2, 2)
             assert "How it ended" in page and "Why it is failed" not in page
-            assert "per round" not in page and "retried by hand" not in page
+            assert "per round" not in page and "since the manual retry" not in page
             visible = text_of(page.split('<section class="card facts">')[1].split("</section>")[0])
             assert re.search(r"created\s*(just now|\d+ s ago)", visible), visible
             assert not re.search(r"\d{4}-\d\d-\d\d", visible), visible  # no raw timestamps
@@ -95,7 +95,7 @@ async def test_times_are_in_words_and_headings_read_right(
             page = (await c.get(f"/jobs/{jid}")).text
             state, _why, attempts, limit = page_facts(page)
             assert state in ("ready", "scheduled") and (attempts, limit) == (2, 4)
-            assert "retried by hand: 2 more each time" in page
+            assert "2 runs, 2 failed; attempt 0 of 2 since the manual retry" in page
             assert "Why it is not running yet" in page
 
 
