@@ -221,14 +221,27 @@ class SyncQueue:
         key: str | None = None,
         parent: JobRef | int | None = None,
         connection: Connection | Session | None = None,
+        when: str = "done",
+        debounce: timedelta | float | None = None,
+        debounce_max: timedelta | float | None = None,
         tags: Iterable[str] | None = None,
     ) -> int:
         """Enqueue one job and return its id (with a live ``key``: the existing job's id),
-        as ``JobQueue.enqueue`` does; ``connection``: see ``batch``."""
+        as ``JobQueue.enqueue`` does; ``connection``: see ``batch``. ``debounce`` (with
+        ``key``) goes through the queue's own transaction: not with ``connection``."""
+        if debounce is not None:
+            if connection is not None:
+                raise ConfigurationError("debounce= takes the queue's own transaction: "
+                                         "it cannot join connection=")
+            return self._run(self._queue.enqueue(
+                type, args, group=group, weight=weight, depends_on=depends_on,
+                run_after=run_after, priority=priority, timeout=timeout,
+                max_attempts=max_attempts, key=key, parent=parent, when=when,
+                debounce=debounce, debounce_max=debounce_max, tags=tags))
         b = self.batch(connection)
         ref = b.add(type, args, group=group, weight=weight, depends_on=depends_on,
                     run_after=run_after, priority=priority, timeout=timeout,
-                    max_attempts=max_attempts, key=key, parent=parent, tags=tags)
+                    max_attempts=max_attempts, key=key, parent=parent, when=when, tags=tags)
         b.commit()
         return ref.id
 
@@ -341,13 +354,14 @@ class SyncBatch:
         max_attempts: int | None = None,
         key: str | None = None,
         parent: JobRef | int | None = None,
+        when: str = "done",
         tags: Iterable[str] | None = None,
     ) -> JobRef:
-        """Add a job (see ``Batch.add``)."""
+        """Add a job (see ``Batch.add``; ``when``: its run condition)."""
         return self._batch.add(
             type, args, group=group, weight=weight, depends_on=depends_on,
             run_after=run_after, priority=priority, timeout=timeout,
-            max_attempts=max_attempts, key=key, parent=parent, tags=tags)
+            max_attempts=max_attempts, key=key, parent=parent, when=when, tags=tags)
 
     def container(
         self,

@@ -435,3 +435,33 @@ def _sync_calls(db_url: str, prefix: str) -> None:
         assert q.get(step.id).result == {"ok": True}
         assert q.get(after.id).state == JobState.READY
         assert q.get(other).state == JobState.FAILED
+
+
+def test_sync_queue_enqueue_takes_when_and_debounce(db_url: str, prefix: str) -> None:
+    """SyncQueue.enqueue (and SyncBatch.add) take the run condition and debounce, as
+    JobQueue.enqueue does; debounce refuses a caller's connection."""
+    try:
+        _sync_when_and_debounce(db_url, prefix)
+    finally:
+        if not db_url.startswith("sqlite"):
+            asyncio.run(drop_tables(db_url, prefix))
+
+
+def _sync_when_and_debounce(db_url: str, prefix: str) -> None:
+    from aiojobqueue import ConfigurationError, SyncQueue
+
+    with SyncQueue(db_url, prefix=prefix) as q:
+        step = q.enqueue_external("approval")
+        cleanup = q.enqueue("cleanup", depends_on=[step], when="failed")
+        with q.batch() as b:
+            always = b.add("report", depends_on=[step], when="finished")
+        assert q.get(cleanup).state == JobState.WAITING
+        q.fail(step, "refused")
+        assert q.get(cleanup).state == JobState.READY  # runs because the step failed
+        assert q.get(always.id).state == JobState.READY
+        first = q.enqueue("ping", {"n": 1}, key="ping", debounce=30)
+        again = q.enqueue("ping", {"n": 2}, key="ping", debounce=30)
+        assert again == first and q.get(first).args == {"n": 2}
+        with q.engine.begin() as conn, pytest.raises(ConfigurationError, match="debounce"):
+            q.enqueue("ping", {"n": 3}, key="ping", debounce=30, connection=conn)
+        assert q.get(first).args == {"n": 2}
