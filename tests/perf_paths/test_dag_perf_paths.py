@@ -7,6 +7,7 @@ the primary key under PostgreSQL's generic plan when the edges are skewed."""
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -23,6 +24,10 @@ from aiojobqueue.lease import PickThenLease
 from aiojobqueue.migrate import routine_spec
 from aiojobqueue.release import LockedWrites, drop_deps_stmt, drop_one_stmt
 from aiojobqueue.settle import Settler
+
+#: an actual row count in EXPLAIN ANALYZE: "rows=3000 " up to PostgreSQL 17, "rows=3000.00 "
+#: from 18 (actual counts became averages with two decimals)
+ACTUAL_ROWS = r"rows={}(\.0+)? "
 
 
 async def claim_now(q: JobQueue, want: int = 100) -> list[Claimed]:
@@ -249,7 +254,7 @@ async def test_release_of_a_wide_fan_out_is_not_quadratic_on_a_fresh_table(
             await conn.exec_driver_sql("SET enable_nestloop = off")
             plan = [r[0] for r in await conn.exec_driver_sql("EXPLAIN ANALYZE " + stmt)]
             await conn.rollback()
-        assert any("rows=3000 " in x and "Update on" in x for x in plan), plan
+        assert any(re.search(ACTUAL_ROWS.format(3000), x) and "Update on" in x for x in plan), plan
         assert not any("Join Filter" in x or "Nested Loop" in x for x in plan), plan
 
 
@@ -322,7 +327,7 @@ async def test_split_release_stays_on_the_primary_key_before_the_first_analyze(
                 await conn.exec_driver_sql(f"SET {name} = {value}")
             plan = [r[0] for r in await conn.exec_driver_sql("EXPLAIN ANALYZE " + sql)]
             await conn.rollback()
-        assert any("rows=256 " in x and "Update on" in x for x in plan), plan
+        assert any(re.search(ACTUAL_ROWS.format(256), x) and "Update on" in x for x in plan), plan
         assert not any(f"Seq Scan on {J.name}" in x for x in plan), plan
         assert any(f"{J.name}_pkey" in x for x in plan), plan
 
