@@ -137,23 +137,27 @@ async def health(engine: Any, db: str, prefix: str, path: str | None) -> dict[st
         out["rows"] = (await c.execute(text(f"SELECT count(*) FROM {J}"))).scalar()
         if db == "postgresql":
             r = (await c.execute(text(
-                f"SELECT pg_relation_size('{J}'), pg_indexes_size('{J}'), "
-                f"(SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = '{J}'), "
-                "pg_current_wal_lsn() - '0/0'"))).one()
-            out.update(table=r[0], indexes=r[1], dead=r[2], wal=int(r[3]))
+                f"SELECT pg_relation_size('{J}'), pg_indexes_size('{J}'), s.n_dead_tup, "
+                "pg_current_wal_lsn() - '0/0', s.n_tup_upd + s.n_tup_del, "
+                "s.autovacuum_count + s.vacuum_count "
+                f"FROM pg_stat_user_tables s WHERE s.relname = '{J}'"))).one()
+            out.update(table=r[0], indexes=r[1], dead=r[2], wal=int(r[3]), made=r[4],
+                       vacuums=r[5])
         elif db == "mariadb":
             await c.execute(text(f"ANALYZE TABLE {J}"))
             r = (await c.execute(text(
                 "SELECT data_length, index_length FROM information_schema.TABLES "
                 f"WHERE table_schema = DATABASE() AND table_name = '{J}'"))).one()
-            status = (await c.execute(text("SHOW ENGINE INNODB STATUS"))).one()[2]
-            hist = [ln for ln in status.splitlines() if ln.startswith("History list length")]
-            out.update(table=r[0], indexes=r[1],
-                       dead=int(hist[0].split()[-1]) if hist else None, wal=None)
+            st = dict((await c.execute(text(
+                "SHOW GLOBAL STATUS WHERE Variable_name IN "
+                "('Innodb_history_list_length', 'Innodb_lsn_current')"))).all())
+            # the undo history InnoDB has yet to purge, and the redo log's position (the
+            # server's: this script assumes nothing else writes to it meanwhile)
+            out.update(table=r[0], indexes=r[1], dead=int(st["Innodb_history_list_length"]),
+                       wal=int(st["Innodb_lsn_current"]), made=None, vacuums=None)
         else:
             size = os.path.getsize(path) if path else None  # noqa: ASYNC240
-            out.update(table=size, indexes=None, dead=None,
-                       wal=None)
+            out.update(table=size, indexes=None, dead=None, wal=None, made=None, vacuums=None)
     return out
 
 
@@ -166,6 +170,33 @@ async def vacuuming(engine: Any, prefix: str, every: float) -> None:
         async with engine.connect() as c:
             c = await c.execution_options(isolation_level="AUTOCOMMIT")
             await c.execute(text(f"VACUUM {prefix}jobs"))
+
+
+def summarize(periods: list[dict[str, Any]]) -> None:
+    """The bars: sizes after the first ten minutes within +-20% of their value then; claim
+    p99 of the last ten minutes against the first ten; WAL (redo) bytes and dead tuples per
+    job over the whole run."""
+    if not periods or periods[-1]["min"] < 20:
+        return
+    base = min((p for p in periods if p["min"] >= 10 - 1e-6), key=lambda p: p["min"])
+    later = [p for p in periods if p["min"] > base["min"]]
+    for k in ("table", "indexes"):
+        if base[k]:
+            lo = min(p[k] for p in later) / base[k]
+            hi = max(p[k] for p in later) / base[k]
+            print(f"# {k} after minute {base['min']:.0f}: {lo:.2f}-{hi:.2f}x its size then "
+                  f"({mb(base[k])} MB)")
+    end = periods[-1]["min"]
+    first = [c for p in periods if p["min"] <= 10 + 1e-6 for c in p["claims"]]
+    last = [c for p in periods if p["min"] > end - 10 + 1e-6 for c in p["claims"]]
+    if first and last:
+        print(f"# claim p99: first ten minutes {pct(first, 0.99) * 1000:.2f} ms, last ten "
+              f"{pct(last, 0.99) * 1000:.2f} ms: {pct(last, 0.99) / pct(first, 0.99):.2f}x")
+    for k, what in (("wal", "WAL (redo) bytes"), ("made", "dead tuples made")):
+        xs = [p[k] for p in periods if p[k] is not None]
+        if xs:
+            print(f"# {what} per job: median {pct(xs, 0.5):.2f} over the periods")
+    print(f"# jobs/s: median {pct([p['rate'] for p in periods], 0.5):.0f}")
 
 
 def mb(v: Any) -> str:
@@ -219,8 +250,8 @@ async def main() -> None:
           f"VACUUM every {a.vacuum_every:.0f}s (0: never), "
           f"load {os.getloadavg()[0]:.1f}; logs in {tmp}")
     print(f"{'min':>5} {'done':>7} {'jobs/s':>7} {'rows':>8} {'table MB':>9} {'idx MB':>7} "
-          f"{'dead/hist':>9} {'WAL B/job':>9} {'claim p50':>9} {'p99 ms':>7} {'wake p50':>8} "
-          f"{'p99 ms':>7} {'load':>5}", flush=True)
+          f"{'dead/hist':>9} {'dead/job':>8} {'vac':>3} {'WAL B/job':>9} {'claim p50':>9} "
+          f"{'p99 ms':>7} {'wake p50':>8} {'p99 ms':>7} {'load':>5}", flush=True)
     t0 = time.time()
     ended = asyncio.Event()  # SIGTERM/SIGINT: print nothing more, clean up
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -228,6 +259,7 @@ async def main() -> None:
     prev = await health(engine, a.db, prefix, path)
     seen = {i: 0 for i in range(a.workers)}
     done_prev = 0
+    periods: list[dict[str, Any]] = []
     try:
         while time.time() - t0 < a.minutes * 60:
             with contextlib.suppress(TimeoutError):
@@ -251,14 +283,21 @@ async def main() -> None:
             n = done - done_prev
             done_prev = done
             wal = (h["wal"] - prev["wal"]) / n if h["wal"] is not None and n else None
+            made = (h["made"] - prev["made"]) / n if h["made"] is not None and n else None
+            periods.append({"min": (time.time() - t0) / 60, "table": h["table"],
+                            "indexes": h["indexes"], "claims": claims, "wal": wal,
+                            "made": made, "rate": n / a.every})
             print(f"{(time.time() - t0) / 60:5.1f} {n:7d} {n / a.every:7.0f} {h['rows']:8d} "
                   f"{mb(h['table']):>9} {mb(h['indexes']):>7} "
                   f"{'-' if h['dead'] is None else h['dead']:>9} "
+                  f"{'-' if made is None else f'{made:.2f}':>8} "
+                  f"{'-' if h['vacuums'] is None else h['vacuums']:>3} "
                   f"{'-' if wal is None else f'{wal:.0f}':>9} "
                   f"{pct(claims, 0.5) * 1000:9.2f} {pct(claims, 0.99) * 1000:7.2f} "
                   f"{pct(wakes, 0.5) * 1000:8.1f} {pct(wakes, 0.99) * 1000:7.1f} "
                   f"{os.getloadavg()[0]:5.1f}", flush=True)
             prev = h
+        summarize(periods)
     finally:
         stop.set()
         await producer
