@@ -24,6 +24,7 @@ from .schema import (
     SCHEMA_VERSION,
     WAITING,
     overview_indexes,
+    running_indexes,
     v2_indexes,
 )
 
@@ -317,24 +318,31 @@ async def _v9_to_v10_jobs(db: Database) -> None:
     """v10: on jobs, the ``releases`` count (``Job.releases``: attempts given back without an
     outcome) and the ``snoozes`` count (``Snooze``), NOT NULL DEFAULT 0, and the ``external``
     state's index ``ix_external``; each added only if missing, under the gate's lock. No row
-    changes (``state`` and ``kind`` are plain strings). The v10 tables (policy, schedules,
-    tags, sweeps) are new: create_all makes them."""
+    changes (``state`` and ``kind`` are plain strings). MySQL/MariaDB get no ``ix_external``
+    and lose the ``running_indexes`` (see there). The v10 tables (policy, schedules, tags,
+    sweeps) are new: create_all makes them."""
     J = db.t.jobs
     ix = next(i for i in J.indexes if i.name == f"{_prefix(db)}ix_external")
     async with db.engine.begin() as conn:
         await db.ops.lock_gate(conn)
 
-        def columns(sync_conn: Any) -> set[str]:
+        def names(sync_conn: Any) -> set[str]:  # its columns and indexes
             from sqlalchemy import inspect
 
-            return {c["name"] for c in inspect(sync_conn).get_columns(J.name)}
+            look = inspect(sync_conn)
+            return {c["name"] for c in look.get_columns(J.name)} | {
+                str(i["name"]) for i in look.get_indexes(J.name)}
 
-        have = await conn.run_sync(columns)
+        have = await conn.run_sync(names)
         for name in ("releases", "snoozes"):
             if name not in have:
                 await conn.execute(text(
                     f"ALTER TABLE {J.name} ADD COLUMN {name} INTEGER NOT NULL DEFAULT 0"))
-        await conn.run_sync(lambda sync_conn: ix.create(sync_conn, checkfirst=True))
+        if db.ops.partial_indexes():
+            await conn.run_sync(lambda sync_conn: ix.create(sync_conn, checkfirst=True))
+        else:  # MySQL/MariaDB: see schema.running_indexes
+            for old in sorted({str(i.name) for i in running_indexes(_prefix(db))} & have):
+                await conn.execute(text(f"DROP INDEX {old} ON {J.name}"))
 
 
 @dataclass(frozen=True)

@@ -98,55 +98,58 @@ def _where(cond: str) -> dict[str, Any]:
     return {"postgresql_where": where, "sqlite_where": where}
 
 
-def v2_indexes(p: str, jobs: Table | None = None) -> list[Index]:
+def v2_indexes(p: str) -> list[Index]:
     """Indexes that v2 made partial: most jobs have no parent and are never cancelled by an
     upstream, and a live job has no finish time, so these skip the hot rows (every claim and
     finalize changes ``state``, which rewrites an entry in every index the row is in)."""
-    args: list[Any] = [jobs] if jobs is not None else []
     return [
         # roll-up probes a container's live children
-        Index(f"{p}ix_parent", "parent_id", "state", *args, **_where("parent_id IS NOT NULL")),
-        Index(f"{p}ix_cancelled_by", "cancelled_by", *args,
-              **_where("cancelled_by IS NOT NULL")),
-        Index(f"{p}ix_finished", "state", "finished_at", *args,
-              **_where("finished_at IS NOT NULL")),
+        Index(f"{p}ix_parent", "parent_id", "state", **_where("parent_id IS NOT NULL")),
+        Index(f"{p}ix_cancelled_by", "cancelled_by", **_where("cancelled_by IS NOT NULL")),
+        Index(f"{p}ix_finished", "state", "finished_at", **_where("finished_at IS NOT NULL")),
     ]
 
 
-def leased_index(p: str, jobs: Table | None = None) -> Index:
+def leased_index(p: str) -> Index:
     """v9: the ``leased`` rows (few: at most the slots each worker holds), for the
     heartbeat's renewal and the reclaim of a dead worker's."""
-    args: list[Any] = [jobs] if jobs is not None else []
-    return Index(f"{p}ix_leased", "state", "lease_owner", "lease_expires", *args,
-                 **_partial(LEASED))
+    return Index(f"{p}ix_leased", "state", "lease_owner", "lease_expires", **_partial(LEASED))
 
 
-def external_index(p: str, jobs: Table | None = None) -> Index:
+def external_index(p: str) -> Index:
     """v10: the ``external`` rows (few), for the timeout sweep (external.py): an external
     step's deadline is its ``lease_expires`` (no worker leases it; set when it becomes
-    external: ``started_at`` + its ``timeout``)."""
-    args: list[Any] = [jobs] if jobs is not None else []
-    return Index(f"{p}ix_external", "state", "lease_expires", *args, **_partial(EXTERNAL))
+    external: ``started_at`` + its ``timeout``). Not on MySQL: see ``running_indexes``."""
+    return Index(f"{p}ix_external", "state", "lease_expires",
+                 **_partial(EXTERNAL)).ddl_if(callable_=_builds_partial)
+
+
+def running_indexes(p: str) -> list[Index]:
+    """The running rows by group (the census, the reclaim) and by owner (renewal, shutdown).
+    PostgreSQL and SQLite only, as ``ix_external``: MySQL/MariaDB index every row, so there
+    each index holding ``state`` is rewritten by every state change, and these serve
+    nothing ``ix_ready`` (state, group_key) and ``ix_leased`` (state, lease_owner,
+    lease_expires) do not (v10: fewer redo bytes a job, docs/operations.md)."""
+    return [Index(f"{p}ix_running", "state", "group_key", "lease_expires",
+                  **_partial(RUNNING)).ddl_if(callable_=_builds_partial),
+            Index(f"{p}ix_running_owner", "state", "lease_owner",
+                  **_partial(RUNNING)).ddl_if(callable_=_builds_partial)]
 
 
 def live_key_index(p: str) -> Index:
-    """v4: ``live_key`` unique among non-NULL values. Partial where the dialect has partial
-    indexes, so a keyless job (most of them) has no entry in it: none added by its insert,
-    nor by each later UPDATE of its row (a state change is never HOT on PostgreSQL, since
-    ``state`` is indexed: the row's new version gets an entry in every index whose predicate
-    it meets). MySQL/MariaDB index every row; InnoDB's unique index allows any number of
-    NULLs, so the rule is the same there. (v1-v3: a UNIQUE constraint on the column, with an
-    entry for every row.)"""
+    """v4: ``live_key`` unique among non-NULL values. Partial where the dialect has them, so
+    a keyless job (most) has no entry: none from its insert nor from each later state change
+    (never HOT on PostgreSQL: ``state`` is indexed). MySQL/MariaDB index every row; InnoDB's
+    unique index allows any number of NULLs, so the rule is the same there."""
     return Index(f"{p}ux_live_key", "live_key", unique=True, **_where("live_key IS NOT NULL"))
 
 
-def ready_weight_index(p: str, jobs: Table | None = None) -> Index:
+def ready_weight_index(p: str) -> Index:
     """The census's "largest weight among a group's ready jobs". v4: only jobs heavier than
     the default weight 1 have an entry (a group with ready jobs but none here weighs 1), so
     the common job adds no entry when it becomes ready, nor when it is enqueued ready (v1-v3:
     every ready job). MySQL/MariaDB index every row, as before."""
-    args: list[Any] = [jobs] if jobs is not None else []
-    return Index(f"{p}ix_ready_weight", "state", "group_key", "weight", *args,
+    return Index(f"{p}ix_ready_weight", "state", "group_key", "weight",
                  **_where(f"state = '{READY}' AND weight > 1"))
 
 
@@ -169,7 +172,7 @@ def _builds_partial(ddl: Any, target: Any, bind: Any, tables: Any = None, state:
     return builds_partial_indexes(dialect)
 
 
-def overview_indexes(p: str, jobs: Table | None = None) -> list[Index]:
+def overview_indexes(p: str) -> list[Index]:
     """v7: the dashboard overview's per-group counts of waiting, scheduled and failed jobs
     (web/data.py), and the metrics' count of waiting ones (metrics.gauge_queries), as
     bounded index probes instead of a read of every such row. Partial, so
@@ -178,17 +181,21 @@ def overview_indexes(p: str, jobs: Table | None = None) -> list[Index]:
     PostgreSQL and SQLite only: on MySQL/MariaDB, which index every row, ``ix_ready``
     already leads with (state, group_key) for every state, and three more indexes there
     would each be rewritten by every state change."""
-    args: list[Any] = [jobs] if jobs is not None else []
-    return [Index(f"{p}ix_{state}_group", "state", "group_key", *args,
+    return [Index(f"{p}ix_{state}_group", "state", "group_key",
                   **_where(f"state = '{state}'{OVERVIEW_EXTRA.get(state, '')}"))
             .ddl_if(callable_=_builds_partial)
             for state in OVERVIEW_COUNTED]
 
 
+#: The indexes (less their prefix) built only where the dialect has partial indexes.
+PARTIAL_ONLY = (*(f"ix_{state}_group" for state in OVERVIEW_COUNTED),
+                "ix_running", "ix_running_owner", "ix_external")
+
+
 def include_object(obj: Any, name: str | None, type_: str, reflected: bool,
                    compare_to: Any) -> bool:
-    """An Alembic ``include_object`` hook that leaves ``overview_indexes`` out of the
-    comparison, on both sides: they exist on PostgreSQL and SQLite only, so on MySQL/MariaDB
+    """An Alembic ``include_object`` hook that leaves the ``PARTIAL_ONLY`` indexes out of
+    the comparison, on both sides: they exist on PostgreSQL and SQLite only, so on MySQL/MariaDB
     autogenerate would otherwise propose to create them. aiojobqueue builds them itself
     (``aiojobqueue migrate``). Everything else is compared as usual."""
     if type_ != "index" or name is None:
@@ -197,7 +204,7 @@ def include_object(obj: Any, name: str | None, type_: str, reflected: bool,
     if not table.endswith("jobs"):
         return True
     prefix = table[: -len("jobs")]
-    return name not in {f"{prefix}ix_{state}_group" for state in OVERVIEW_COUNTED}
+    return name not in {prefix + n for n in PARTIAL_ONLY}
 
 
 def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None) -> Tables:
@@ -254,8 +261,7 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("snoozes", Integer, nullable=False, server_default="0"),
         # `state` leads every state index so MySQL/MariaDB (no partial indexes) can use them too.
         ready_weight_index(p),
-        Index(f"{p}ix_running", "state", "group_key", "lease_expires", **_partial(RUNNING)),
-        Index(f"{p}ix_running_owner", "state", "lease_owner", **_partial(RUNNING)),
+        *running_indexes(p),
         leased_index(p),
         Index(f"{p}ix_scheduled", "state", "run_after", **_partial(SCHEDULED)),
         external_index(p),
