@@ -31,6 +31,13 @@ MAX_ID = 2**63 - 1  # BIGINT / SQLite INTEGER
 MAX_INT = 2**31 - 1
 
 
+def check_id(job_id: Any) -> None:
+    """Ids are positive 64-bit ints: anything else names no job (and must not reach the
+    driver, which would fail with an untyped error)."""
+    if not isinstance(job_id, int) or isinstance(job_id, bool) or not 0 < job_id <= MAX_ID:
+        raise JobNotFoundError(f"no job with id {job_id!r}")
+
+
 class UnknownJobError(InvalidJobError, JobNotFoundError):
     """``depends_on`` or ``parent`` names a job id that does not exist."""
 

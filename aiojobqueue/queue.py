@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from . import schedules as schedule_ops
 from . import schema as S
 from . import stored_policy
-from .batch import MAX_ID, Batch, JobRef
+from .batch import Batch, JobRef, check_id
 from .core import Core, close_core, open_core
 from .debounce import enqueue as debounced
 from .dialects.urls import async_url, listen_url_for
@@ -26,7 +26,6 @@ from .errors import (
     ConfigurationError,
     JobCancelled,
     JobFailed,
-    JobNotFoundError,
     NotStartedError,
 )
 from .executor import JobContext
@@ -337,13 +336,13 @@ class JobQueue(ExternalSteps):
     # -- inspection -----------------------------------------------------------------------
     async def get(self, job_id: int) -> Job:
         """A snapshot of one job. Raises JobNotFoundError."""
-        _check_id(job_id)
+        check_id(job_id)
         return await read_job(self._started().db, job_id)
 
     async def explain(self, job_id: int) -> Explanation:
         """Why the job is not running now: ``Explanation.reasons`` (see aiojobqueue.explain
         for the codes); ``str()`` of it reads as a short paragraph. Raises JobNotFoundError."""
-        _check_id(job_id)
+        check_id(job_id)
         return await explain(self._started(), job_id)
 
     async def wait(self, job_id: int, timeout: float | None = None) -> Any:
@@ -384,13 +383,13 @@ class JobQueue(ExternalSteps):
     async def cancel(self, job_id: int) -> None:
         """Cancel a job or container and everything waiting on it. A running job is stopped
         by its worker within about one heartbeat interval."""
-        _check_id(job_id)
+        check_id(job_id)
         core = self._started()
         await core.db.write(lambda conn: core.actions.cancel(conn, job_id))
 
     async def retry(self, job_id: int) -> None:
         """Make a failed or cancelled job runnable again, with the jobs its end cancelled."""
-        _check_id(job_id)
+        check_id(job_id)
         core = self._started()
         await core.db.write(lambda conn: core.actions.retry(conn, job_id))
         core.signals.wake()
@@ -485,10 +484,3 @@ def _policy_changed(core: Core) -> None:
     their next look, or at once on the NOTIFY the change sent)."""
     core.claimer.live.stale = True
     core.signals.wake()
-
-
-def _check_id(job_id: Any) -> None:
-    """Ids are positive 64-bit ints: anything else names no job (and must not reach the
-    driver, which would fail with an untyped error)."""
-    if not isinstance(job_id, int) or isinstance(job_id, bool) or not 0 < job_id <= MAX_ID:
-        raise JobNotFoundError(f"no job with id {job_id!r}")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from . import external
 from . import schema as S
-from .batch import Batch, JobRef, check_json
+from .batch import Batch, JobRef, check_id, check_json
 
 if TYPE_CHECKING:
     from .core import Core
@@ -63,8 +63,6 @@ class ExternalSteps:
 
 async def _end(core: Core, job_id: int, state: str, result: Any,
                error: dict[str, Any] | None) -> None:
-    from .queue import _check_id
-
-    _check_id(job_id)
+    check_id(job_id)
     await core.db.write(lambda conn: external.finish(core, conn, job_id, state, result, error))
     core.signals.wake()
