@@ -8,17 +8,19 @@ container with a live child, a job whose DAG is still running or was finished re
 all stay.
 
 Each batch is read first without locks (the component walk stops at a live job: its
-component is kept anyway), then deleted in a transaction of its own that renews the
-sweeper's lease, locks the doomed rows (all terminal: no claim or finalize waits on them),
-checks again that nothing changed (state, finish time, a new dependent or child since the
-read: then that component is left for the next sweep), and deletes the jobs with their
-edges, tags and stale release records.
+component is kept anyway), then deleted in transactions of at most ROWS jobs, the sweep
+resting REST times what it worked after each. Each renews the sweeper's lease, locks the
+doomed rows (all terminal: no claim or finalize waits on them), checks again that nothing
+changed (state, finish time, a new dependent or child since the read: then that component
+is left for the next sweep), and deletes the jobs with their edges, tags and stale release
+records.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -42,8 +44,13 @@ log = logging.getLogger("aiojobqueue.retention")
 CHUNK = 500
 #: A component walk stops (and keeps what it has not finished walking) past this many jobs.
 CAP = 20_000
-#: The most jobs deleted in one transaction (a larger DAG alone is one transaction).
-ROWS = 1000
+#: The most jobs deleted in one transaction (a larger DAG alone is one transaction): small,
+#: so a transaction holds SQLite's write lock (elsewhere, a connection) briefly.
+ROWS = 200
+#: After each transaction the sweep rests this many times what it just worked (its reads,
+#: its walk in Python, the transaction): it takes at most a third of a worker's time and
+#: of the database's, however fast the machine.
+REST = 2.0
 
 Renew = Callable[[AsyncConnection], Awaitable[bool]]
 
@@ -67,6 +74,7 @@ async def sweep(db: Database, policy: Mapping[str, timedelta], renew: Renew,
     for state, cutoff in cutoffs.items():
         after: tuple[datetime, int] | None = None
         while True:
+            began = time.monotonic()
             roots = await db.read(partial(_roots, db, state=state, cutoff=cutoff, after=after,
                                           batch=batch))
             if not roots:
@@ -75,14 +83,16 @@ async def sweep(db: Database, policy: Mapping[str, timedelta], renew: Renew,
             seeds = [i for _, i in roots]
             comps = await db.read(partial(components, db, seeds=seeds))
             doomed = [c for c in comps if deletable(c, cutoffs)]
-            for part in _chunks(doomed):
+            while doomed:
+                part, doomed = _take(doomed, ROWS)
                 ids = await db.write(partial(_delete, db, comps=part, renew=renew))
                 if ids is None:
                     return deleted
                 deleted += len(ids)
                 # committed: the ids, for whoever audits the sweep (tests/crash)
                 log.debug("retention: deleted %d jobs", len(ids), extra={"ids": ids})
-                await asyncio.sleep(pause)
+                await asyncio.sleep(max(pause, REST * (time.monotonic() - began)))
+                began = time.monotonic()
     return deleted
 
 
@@ -169,17 +179,13 @@ def deletable(c: Component, cutoffs: Mapping[str, datetime]) -> bool:
                for r in c.rows.values())
 
 
-def _chunks(comps: list[Component]) -> list[list[Component]]:
-    """Components grouped into transactions of at most ROWS jobs (a larger one alone)."""
-    out: list[list[Component]] = []
-    size = ROWS
-    for c in comps:
-        if size + len(c.rows) > ROWS:
-            out.append([])
-            size = 0
-        out[-1].append(c)
-        size += len(c.rows)
-    return out
+def _take(comps: list[Component], size: int) -> tuple[list[Component], list[Component]]:
+    """The first components up to ``size`` jobs (at least one, however large), the rest."""
+    n = total = 0
+    while n < len(comps) and (n == 0 or total + len(comps[n].rows) <= size):
+        total += len(comps[n].rows)
+        n += 1
+    return comps[:n], comps[n:]
 
 
 async def _delete(db: Database, conn: AsyncConnection, *, comps: list[Component],

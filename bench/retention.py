@@ -8,8 +8,9 @@ Fills the jobs table with ``--old`` done jobs finished a day ago (one INSERT ...
 every tenth also a dependent of the one before it, so components are walked), starts one
 worker process (``serve()``, capacity 16) and offers ``--rate`` jobs a second (2 ms each).
 Then alternates ``--rounds`` times: ``--phase`` seconds without a sweep, ``--phase``
-seconds with this process sweeping (retention.Sweeper's lease, sweep.sweep with the default
-batch and pause, back to back). The worker times each ``Claimer.claim`` call with its wall
+seconds with the worker sweeping in its own event loop, beside its claims, as a serving
+worker's Sweeper does (its lease, sweep.sweep with retention.BATCH and PAUSE, back to back
+while the phase lasts; the worker's periodic Sweeper is off). The worker times each ``Claimer.claim`` call with its wall
 clock; the claims are split by phase. One row per database: claim p50/p99 without and with
 the sweep, their ratio (the bar: p99 with <= 1.2x without), and what the sweep deleted.
 """
@@ -36,8 +37,8 @@ from soak import URLS, pct  # noqa: E402
 from tags import _rows_sql  # noqa: E402
 
 
-async def worker_main(url: str, prefix: str, out: str) -> None:
-    from aiojobqueue import JobContext, JobQueue
+async def worker_main(url: str, prefix: str, out: str, flag: str) -> None:
+    from aiojobqueue import JobContext, JobQueue, retention
     from aiojobqueue.claim import Claimer
     from aiojobqueue.runner import run_worker
 
@@ -52,17 +53,36 @@ async def worker_main(url: str, prefix: str, out: str) -> None:
             took.append((time.time(), time.perf_counter() - t))
 
     Claimer.claim = timed  # type: ignore[method-assign]
+    retention.EVERY = 1e9  # no sweep of its own: the phases decide (sweeping() below)
     q = JobQueue(url, prefix=prefix, capacity=16, poll_interval=0.5)
 
     @q.handler("work")
     async def work(ctx: JobContext) -> None:
         await asyncio.sleep(0.002)
 
+    async def sweeping() -> None:
+        """Sweep back to back while the coordinator's flag file exists: in this process,
+        beside the claims, as a serving worker's Sweeper does."""
+        from aiojobqueue.retention import Sweeper, read_retention
+        from aiojobqueue.sweep import sweep
+
+        db = q._started().db
+        sw = Sweeper(db)
+        while True:
+            if not os.path.exists(flag):  # noqa: ASYNC240 - a bench's own flag
+                await asyncio.sleep(0.05)
+                continue
+            policy = await read_retention(db)
+            if policy and await db.write(sw.acquire):
+                await sweep(db, policy, sw.renew, retention.BATCH, retention.PAUSE)
+
     async with q:
         print("ready", flush=True)
+        task = asyncio.create_task(sweeping())
         try:
             await run_worker(q)
         finally:
+            task.cancel()
             Path(out).write_text(json.dumps(took))  # noqa: ASYNC240 - at exit
 
 
@@ -92,8 +112,7 @@ async def count(q: Any) -> int:
 
 async def one(db: str, a: Any) -> tuple[Any, ...]:
     from aiojobqueue import JobQueue
-    from aiojobqueue.retention import Sweeper, write_retention
-    from aiojobqueue.sweep import sweep
+    from aiojobqueue.retention import write_retention
 
     url = URLS.get(db) or f"sqlite+aiosqlite:///{tempfile.mkdtemp()}/bench.db"
     prefix = f"br{uuid.uuid4().hex[:6]}_"
@@ -102,8 +121,9 @@ async def one(db: str, a: Any) -> tuple[Any, ...]:
     out = Path(tempfile.mkdtemp()) / "claims.json"
     try:
         await fill(q, a.old)
+        flag = out.parent / "sweep"
         proc = subprocess.Popen(  # noqa: ASYNC220 - started once
-            [sys.executable, __file__, "--worker", url, prefix, str(out)],
+            [sys.executable, __file__, "--worker", url, prefix, str(out), str(flag)],
             stdout=subprocess.PIPE)
         assert proc.stdout is not None
         proc.stdout.readline()
@@ -121,7 +141,6 @@ async def one(db: str, a: Any) -> tuple[Any, ...]:
         db_ = q._started().db
         policy = {"done": timedelta(hours=1)}
         await write_retention(db_, policy)
-        sw = Sweeper(db_)
         producer = asyncio.create_task(produce())
         await asyncio.sleep(3)  # warm up
         phases: list[tuple[str, float, float]] = []
@@ -132,17 +151,11 @@ async def one(db: str, a: Any) -> tuple[Any, ...]:
             phases.append(("without", t, time.time()))
             t = time.time()
             before = await count(q)
-
-            async def sweeping() -> None:
-                while True:
-                    assert await db_.write(sw.acquire)
-                    await sweep(db_, policy, sw.renew)
-
-            task = asyncio.create_task(sweeping())
+            flag.touch()
             await asyncio.sleep(a.phase)
-            task.cancel()  # (a batch in flight rolls back)
-            await asyncio.gather(task, return_exceptions=True)
+            flag.unlink()  # the worker stops after the batch in flight
             phases.append(("with", t, time.time()))
+            await asyncio.sleep(0.5)
             deleted += before - await count(q)
         stop.set()
         await producer
@@ -186,6 +199,6 @@ async def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        asyncio.run(worker_main(*sys.argv[2:5]))
+        asyncio.run(worker_main(*sys.argv[2:6]))
     else:
         asyncio.run(main())
