@@ -9,9 +9,10 @@ every tenth also a dependent of the one before it, so components are walked), st
 worker process (``serve()``, capacity 16) and offers ``--rate`` jobs a second (2 ms each).
 Then alternates ``--rounds`` times: ``--phase`` seconds without a sweep, ``--phase``
 seconds with the worker sweeping in its own event loop, beside its claims, as a serving
-worker's Sweeper does (its lease, sweep.sweep with retention.BATCH and PAUSE, back to back
-while the phase lasts; the worker's periodic Sweeper is off). The worker times each ``Claimer.claim`` call with its wall
-clock; the claims are split by phase. One row per database: claim p50/p99 without and with
+worker's Sweeper does (its lease, sweep.sweep with retention.BATCH and PAUSE and the sweep's
+own ROWS and REST, back to back while the phase lasts; the worker's periodic Sweeper is
+off). The worker times each ``Claimer.claim`` call with its wall clock; the claims are split
+by phase. One row per database: claim p50/p99 without and with
 the sweep, their ratio (the bar: p99 with <= 1.2x without), and what the sweep deleted.
 """
 
