@@ -174,13 +174,16 @@ async def vacuuming(engine: Any, prefix: str, every: float) -> None:
             await c.execute(text(f"VACUUM {prefix}jobs"))
 
 
-def summarize(periods: list[dict[str, Any]]) -> None:
+def summarize(periods: list[dict[str, Any]], every: float) -> None:
     """The bars: sizes after the first ten minutes within +-20% of their value then; claim
     p99 of the last ten minutes against the first ten; WAL (redo) bytes and dead tuples per
-    job over the whole run."""
+    job over the whole run. A period is stamped with the minute its row was printed, a
+    little after its end (10.003): the windows take the periods ending within half a period
+    of their bounds."""
     if not periods or periods[-1]["min"] < 20:
         return
-    base = min((p for p in periods if p["min"] >= 10 - 1e-6), key=lambda p: p["min"])
+    half = every / 120
+    base = min((p for p in periods if p["min"] >= 10 - half), key=lambda p: p["min"])
     later = [p for p in periods if p["min"] > base["min"]]
     for k in ("table", "indexes"):
         if base[k]:
@@ -189,8 +192,8 @@ def summarize(periods: list[dict[str, Any]]) -> None:
             print(f"# {k} after minute {base['min']:.0f}: {lo:.2f}-{hi:.2f}x its size then "
                   f"({mb(base[k])} MB)")
     end = periods[-1]["min"]
-    first = [c for p in periods if p["min"] <= 10 + 1e-6 for c in p["claims"]]
-    last = [c for p in periods if p["min"] > end - 10 + 1e-6 for c in p["claims"]]
+    first = [c for p in periods if p["min"] <= 10 + half for c in p["claims"]]
+    last = [c for p in periods if p["min"] > end - 10 + half for c in p["claims"]]
     if first and last:
         print(f"# claim p99: first ten minutes {pct(first, 0.99) * 1000:.2f} ms, last ten "
               f"{pct(last, 0.99) * 1000:.2f} ms: {pct(last, 0.99) / pct(first, 0.99):.2f}x")
@@ -299,7 +302,7 @@ async def main() -> None:
                   f"{pct(wakes, 0.5) * 1000:8.1f} {pct(wakes, 0.99) * 1000:7.1f} "
                   f"{os.getloadavg()[0]:5.1f}", flush=True)
             prev = h
-        summarize(periods)
+        summarize(periods, a.every)
     finally:
         stop.set()
         await producer
