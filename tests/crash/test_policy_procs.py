@@ -32,6 +32,12 @@ async def test_two_processes_enforce_one_stored_policy(
         try:
             await asyncio.to_thread(wait_ready, procs)
             assert (await q.policy()).concurrency == 5  # the declaration was written
+            # A change reaches a worker within poll_interval (SPEC rev. 3): the silent worker
+            # may have read the policy before the declaration and may claim under it until
+            # its next look (CI once saw 8 at once, 4 groups x 2, in those 50 ms). The jobs
+            # come after every worker has had that time: each tick looks again before it
+            # claims once poll_interval (0.05 s) has passed since its last look.
+            await asyncio.sleep(0.25)
             async with q.batch() as b:
                 refs = [b.add("work", {"ms": 30}, group=g) for g in "abcd" for _ in range(30)]
             ids = [r.id for r in refs]

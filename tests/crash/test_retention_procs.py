@@ -2,7 +2,7 @@
 
 Old finished DAGs are deleted while new DAGs keep running, and the worker that sweeps is
 SIGKILLed after its first committed batch: another takes the lease over once it expires
-and finishes. The timeline (every worker's fin events and every committed ``swept`` batch)
+and finishes. The timeline (every handler's end events and every committed ``swept`` batch)
 proves: every old DAG went, whole; every DAG that went had finished at least the retention
 before (nothing live or recent touched); the DAGs kept on purpose (a live dependent, a live
 child) are all there; no id was deleted twice.
@@ -89,17 +89,21 @@ async def test_retention_sweep_survives_sigkill(
     # every old DAG went, whole
     for d in old:
         assert set(d) <= gone, (d, fleet.dump())
-    # whatever went had finished >= RETAIN before its batch committed (a container's own
-    # end is not logged: its children's and its dependent's ends bound it)
-    fin = {e["job"]: e["t"] for e in ev if e["ev"] == "fin"}
+    # whatever went had finished >= RETAIN before its batch committed. The bound is each
+    # job's last ``end`` (its handler returned; the finalize stamps ``finished_at`` later), not
+    # its ``fin`` (the hook after the commit): a commit that waits on the disk is visible to
+    # the sweep before the committing worker hears back, so ``fin`` may trail ``finished_at``
+    # by seconds under load (MariaDB in CI: 1.9 s). A container has no handler: its children's
+    # and its dependent's ends bound it. (0.1 s: the databases' timestamp rounding.)
+    end = {e["job"]: e["t"] for e in ev if e["ev"] == "end"}
     when = {i: e["t"] for e in swept for i in e["ids"]}
     for d in [*old, *new]:
         went = set(d) & gone
         if not went:
             continue
         assert went == set(d), f"DAG {d} partly deleted: {went}"
-        last = max(fin[j] for j in d if j in fin)
-        assert min(when[j] for j in d) - last >= RETAIN - 0.5, (d, fleet.dump())
+        last = max(end[j] for j in d if j in end)
+        assert min(when[j] for j in d) - last >= RETAIN - 0.1, (d, fleet.dump())
     # the kept ones are all there, in the state they had
     now = await present(q)
     assert kept <= set(now)
