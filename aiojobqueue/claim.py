@@ -4,12 +4,13 @@ Inside it: promote due ``scheduled`` jobs, take the gate (where a global cap mus
 exactly), count what runs per group, split the free slots by fair share, pick the best jobs
 of each group (priority, then age) with SKIP LOCKED, and lease them; or, under a cap, in
 the transaction of a finalize, hand the slots it freed over to the one known group's next
-jobs (no gate, no count: ``Claimer._handover``). ``Claimer`` owns what
-this process remembers between claims (when it last promoted, the last census of groups,
-the groups known to exist). The census is ``census.py``; how a pick becomes a lease, and
-the pick statements, are ``lease.py`` (the dialect chooses its ``LeasePath``). Where the
-dialect has them (PostgreSQL), two statements stand in for census and picks: the idle pick
-over many groups, and the fair pick (census, split and picks in one) over few.
+jobs (no gate, no count). ``Claimer`` owns what this process remembers between claims (when
+it last promoted, the last census of groups, the groups known to exist). The caps' count,
+the hand-over and held slots are ``slots.py``; the census is ``census.py``; how a pick
+becomes a lease, and the pick statements, are ``lease.py`` (``LeasePath``, by whether the
+dialect has ``UPDATE ... RETURNING``). Where the dialect has them (PostgreSQL), two
+statements stand in for census and picks: the idle pick over many groups, and the fair pick
+(census, split and picks in one) over few.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import (
-    func,
     select,
     update,
 )
@@ -30,10 +30,11 @@ from . import schema as S
 from .census import Census, others_query
 from .claimed import Claimed, Hold, LeaseAsk, claimed_rows
 from .database import Database
-from .lease import LeasePath, ReturningLease, ready_among
-from .live_policy import LivePolicy, caps_held, spend_group_rates
+from .lease import LeasePath, PickThenLease, ReturningLease, ready_among
+from .live_policy import LivePolicy, spend_group_rates
 from .policy import GroupDemand, fair_share, rotation_key
 from .settings import Settings
+from .slots import Slots
 from .sql import lit
 from .timeutil import db_now
 
@@ -58,12 +59,8 @@ class Claimer:
         self.db = db
         #: the stored policy as this process last read it: caps, weights, rates, pauses
         self.live = LivePolicy(settings)
-        #: the policy generation whose caps a count found held: the hand-over (which
-        #: keeps a count where it was) is off from a change until then (caps_held)
-        self.checked = 0
-        self.path: LeasePath = db.ops.lease_path(db, settings)
-        #: the same picks, leasing into ``leased`` (held ahead: see _take_over)
-        self.hold_path: LeasePath = type(self.path)(db, settings, S.LEASED)
+        self.path: LeasePath = (ReturningLease if db.ops.returning else PickThenLease)(
+            db, settings)
         self.promoted_at = 0.0  # monotonic time of this process's last promotion sweep
         self.groups_at = 0.0  # ... and of its last census of groups with runnable jobs
         self.census_due = False  # a claim left the census to the next one (see claim())
@@ -77,11 +74,11 @@ class Claimer:
         self.few_groups: int | None = None
         #: whether idle_pick_stmt is likely to find all it needs (see claim())
         self.idle_fits = True
-        #: the last claim found the global concurrency cap full
-        self.cap_full = False
         #: the last claim leased nothing though a job it could run was ready: another
         #: claim's pick held its row (skip_locked_passes_unmatched); look again soon
         self.passed_over = False
+        #: the caps' count and its hand-over and held slots (slots.py)
+        self.slots = Slots(self)
 
     async def ensure_groups(self, conn: AsyncConnection, groups: list[str]) -> None:
         """Give every group in ``groups`` its row (inside the caller's insert)."""
@@ -110,6 +107,12 @@ class Claimer:
         every = poll if quick else min(PROMOTE_EVERY, poll)
         return now - self.promoted_at >= every
 
+    @staticmethod
+    def census_trusted() -> float:
+        """How long a census that found one group alone is trusted: GROUPS_EVERY (read at
+        the call, so a test may set it)."""
+        return GROUPS_EVERY
+
     def _known_group(self, now: float, quick: bool) -> str | None:
         """The one group with runnable jobs, if a recent census found just one and fair
         share has nothing to split (no group caps): claims may skip the census for a moment.
@@ -132,23 +135,6 @@ class Claimer:
         group = self._known_group(now, quick)
         return None if group is None else LeaseAsk(group, types, want)
 
-    def hand_ask(self, want: int, types: list[str], quick: bool,
-                 freeing: Mapping[str, int]) -> LeaseAsk | None:
-        """Under a counted cap, the hand-over (see _handover) as a LeaseAsk for the call
-        that finalizes ``freeing`` (the batch's jobs by group, all successes): that call
-        leases no more than it finished, so, where the known group is capped, only when
-        every one of them is of that group; else None. It promotes nothing: a due
-        ``scheduled`` job waits for the first claim after the hand-over's window (the
-        census's, GROUPS_EVERY), which promotes before it counts."""
-        live = self.live
-        types = live.types(types)
-        if want <= 0 or not types or not live.needs_gate:
-            return None
-        hand = self._handover(time.monotonic(), quick, freeing)
-        if hand is None or (live.cap(hand[0]) is not None and len(freeing) > 1):
-            return None
-        return LeaseAsk(hand[0], types, min(want, hand[1]), hand=True)
-
     def asked_claims(self, ask: LeaseAsk) -> list[Claimed]:
         """The jobs ``ask`` leased, as claim() would return them. A short pick leaves the
         census to the next claim (as claim() does); an empty one makes it due at once."""
@@ -158,58 +144,6 @@ class Claimer:
         elif len(rows) < ask.n:
             self.census_due = True
         return claimed_rows(rows)
-
-    def count_running(self) -> Any:
-        """The statement counting every running job (what the global cap holds)."""
-        J = self.db.t.jobs
-        return self.db.stmt("claim.running", lambda: select(func.count()).select_from(J).where(
-            J.c.state == lit(S.RUNNING)))
-
-    def cap_looks_full(self) -> bool:
-        """The last claim found the global cap full: look (``cap_is_full``, outside the
-        claim's transaction) before queueing for the gate."""
-        return self.live.concurrency is not None and self.cap_full
-
-    async def cap_is_full(self, conn: AsyncConnection) -> bool:
-        """Whether the global cap is full now, counted without the gate or any write lock
-        (a claim that can lease nothing must not hold up the one whose finalize just freed
-        a slot). Without the lock this only ever declines a claim, never grants one."""
-        c = self.live.concurrency
-        full = c is not None and (await conn.execute(self.count_running())).scalar_one() >= c
-        self.cap_full = full
-        return full
-
-    def handover_stale(self, now: float, quick: bool) -> bool:
-        """A group was known to be the only one with runnable jobs, but that census is
-        older than the hand-over trusts: GROUPS_EVERY even where poll_interval is shorter
-        (under a cap a round comes about once per job length, and a group that gets work
-        meanwhile is still seen within GROUPS_EVERY: the census runs at the first claim
-        after it). still_one_group renews it."""
-        window = max(GROUPS_EVERY, self.settings.poll_interval) if quick else GROUPS_EVERY
-        return self.single_group is not None and now - self.groups_at >= window
-
-    def _handover(self, now: float, quick: bool, freed: Mapping[str, int] | None,
-                  holding: bool = False) -> tuple[str, int] | None:
-        """(group, at most how many) where this claim may take over the slots its own
-        transaction's finalize freed (``freed``: jobs taken out of ``running`` by group)
-        without the gate and without counting: one known group (no split to make, as in
-        _known_group), no RateLimit (a start is spent whoever frees a slot). Leasing at
-        most what was freed (and, for a capped group, at most what that group freed) in
-        the same transaction leaves every count the caps hold at or below its value before
-        the transaction, so no claim under the gate can be misled into exceeding a cap.
-        ``holding``: only jobs to hold ahead are asked for (no slot is free here): (g, 0)
-        where the rest applies, whatever was freed (a held job is counted by no cap)."""
-        live = self.live
-        if (freed is None or (not freed and not holding) or live.rated
-                or live.generation != self.checked
-                or self.single_group is None or self.handover_stale(now, quick)):
-            return None
-        g = self.single_group
-        cap = live.cap(g)
-        if cap == 0:
-            return None  # paused: no hand-over keeps it running
-        n = freed.get(g, 0) if cap is not None else sum(freed.values())
-        return (g, n) if n > 0 or holding else None
 
     async def claim(
         self, conn: AsyncConnection, want: int, types: list[str], quick: bool = False,
@@ -221,8 +155,8 @@ class Claimer:
         straight for it. The promotion sweep and the census then run at most once per
         ``poll_interval`` (a tick) instead of every PROMOTE_EVERY / GROUPS_EVERY.
         ``freed``: the jobs (by group) that a finalize earlier in this same transaction
-        took out of ``running``; under a cap their slots may be handed over (_handover).
-        ``hold``: with a hand-over, also lease jobs ahead into ``leased`` (see _take_over)."""
+        took out of ``running``; under a cap their slots may be handed over (Slots._handover).
+        ``hold``: with a hand-over, also lease jobs ahead into ``leased`` (Slots.take_over)."""
         now = time.monotonic()
         self.passed_over = False
         if self._promotion_due(now, quick):
@@ -231,12 +165,12 @@ class Claimer:
         types = self.live.types(types)  # (none while the queue is paused)
         if not types:
             return []
-        took = await self._handover_claim(conn, now, want, types, quick, freed, hold)
+        took = await self.slots.handover_claim(conn, now, want, types, quick, freed, hold)
         if took is not None:
             return took
         if want <= 0:
             return []  # (only held jobs were asked for, and no hand-over applies)
-        free = await self._free_slots(conn, want)
+        free = await self.slots.free_slots(conn, want)
         if free <= 0:
             return []
         p = _Picks(types, now, free)
@@ -250,51 +184,6 @@ class Claimer:
             await self._pick_before_census(conn, p)
         await self._census_and_picks(conn, p, known)
         return await self._lease_picks(conn, p)
-
-    async def _handover_claim(
-        self, conn: AsyncConnection, now: float, want: int, types: list[str], quick: bool,
-        freed: Mapping[str, int] | None, hold: Hold | None,
-    ) -> list[Claimed] | None:
-        """The claim as a hand-over (see _handover: under a cap, the slots this
-        transaction's finalize freed, without the gate), where one applies and is all the
-        claim does; else None: the claim goes on under the gate."""
-        live = self.live
-        # jobs to hold: a hand-over of no slot may lease them (see below)
-        holding = hold is not None and hold.room(0) > 0
-        asking = want > 0 or holding
-        if (live.generation != self.checked and freed is not None and live.needs_gate
-                and await caps_held(conn, self.db, live, freed, self.count_running())):
-            self.checked = live.generation
-        hand = self._handover(now, quick, freed, holding) if live.needs_gate and asking else None
-        if (hand is None and freed is not None and (freed or holding) and live.needs_gate
-                and asking and not live.rated
-                and self.handover_stale(now, quick) and await self.still_one_group(conn, types)):
-            hand = self._handover(now, quick, freed, holding)
-        if hand is None:
-            return None
-        took = await self._take_over(conn, hand[0], min(want, hand[1]), types, freed, hold)
-        # A hand-over that freed nothing only holds jobs. Where this worker has free
-        # slots, the cap may have room the other workers freed: counted without the
-        # gate first (a read: it can only make this claim decline), then the gate
-        if hand[1] > 0 or want <= 0 or await self.cap_is_full(conn):
-            return took
-        return None
-
-    async def _free_slots(self, conn: AsyncConnection, want: int) -> int:
-        """Take the gate (where a cap must be counted exactly), then how many of ``want``
-        slots the global cap and the RateLimits leave free (0 or less: none)."""
-        live, db = self.live, self.db
-        count_running = self.count_running()
-        if live.needs_gate:
-            await db.ops.lock_gate(conn)
-        free = want
-        if live.concurrency is not None:
-            running_all = (await conn.execute(count_running)).scalar_one()
-            self.cap_full = running_all >= live.concurrency
-            free = min(free, live.concurrency - running_all)
-        for limit in live.db_limits:
-            free = min(free, await limit.budget(conn, db.t))
-        return free
 
     async def _pick_before_census(self, conn: AsyncConnection, p: _Picks) -> None:
         """No group known to be alone and no group caps: where the dialect has them
@@ -472,49 +361,6 @@ class Claimer:
             return False
         self.groups_at = now
         return True
-
-    async def still_one_group(self, conn: AsyncConnection, types: list[str]) -> bool:
-        """The census, without the gate (it counts no cap): whether the one group known to
-        have runnable jobs still is the only one (then it is trusted again from now, as
-        after any census). Where the hand-over's window ran out, this is its one extra
-        statement; where it finds other groups, the claim goes on under the gate."""
-        census = Census(self, types)
-        await census.fill(conn, 2)
-        if not census.done or len(census.demand) != 1:
-            return False
-        self.single_group = next(iter(census.demand))
-        self.groups_at, self.census_due = time.monotonic(), False
-        return True
-
-    async def _take_over(self, conn: AsyncConnection, g: str, n: int, types: list[str],
-                         freed: Mapping[str, int] | None, hold: Hold | None = None
-                         ) -> list[Claimed]:
-        """Lease up to ``n`` of ``g``'s best jobs into the slots this transaction freed
-        (see _handover). A short pick leaves the census (and the gate, for any slot still
-        free) to the next claim, at once; where this worker could not take every freed
-        slot, the other workers are woken for the rest (delivered at commit).
-
-        ``hold``: then lease up to ``hold.room(got)`` more of ``g``'s jobs as ``leased``
-        (into ``hold.got``): held ahead, not started, counted by no cap. The worker starts
-        one only in a slot of ``g`` it holds, when that slot's job ends, and the
-        transaction that writes that job's outcome makes the held row ``running``
-        (Finalizer.swap_in): what runs never exceeds this worker's rows in ``running``,
-        which the caps count. Only where a hand-over applies (one known group, no
-        RateLimit, not paused), so no other group is kept waiting by it beyond the
-        hand-over's window: the worker gives them back when that stops holding."""
-        out = await self.path.take(conn, g, n, types) if n > 0 else []
-        got = len(out)
-        if got < n:
-            self.census_due = True
-        if n > 0:  # (a hold alone frees nothing: the cap is as full as it was)
-            self.cap_full = False
-        if freed and sum(freed.values()) > got:
-            await self.db.ops.notify(conn)
-        if hold is not None and got == n:
-            k = hold.room(got)
-            if k > 0:
-                hold.got += claimed_rows(await self.hold_path.take(conn, g, k, types))
-        return claimed_rows(out)
 
 
 @dataclass

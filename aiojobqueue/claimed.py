@@ -41,7 +41,7 @@ class LeaseAsk:
     types: list[str]
     n: int
     rows: list[Any] | None = None
-    #: a counted cap's hand-over (Claimer.hand_ask): at most as many as the call finished
+    #: a counted cap's hand-over (Slots.hand_ask): at most as many as the call finished
     hand: bool = False
     #: the rows as claim() returns them (see Claimer.asked_claims)
     claimed: list[Claimed] = field(default_factory=list)
@@ -49,7 +49,7 @@ class LeaseAsk:
 
 @dataclass
 class Hold:
-    """What a worker may hold ahead under a counted cap (Claimer._take_over): at most
+    """What a worker may hold ahead under a counted cap (Slots.take_over): at most
     ``limit`` leased jobs, and no more than ``per_slot`` per slot of the group it holds
     once the claim's running leases are added (``slots`` before them); it has ``have``
     already. ``got``: what the claim leased into ``leased``."""

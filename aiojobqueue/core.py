@@ -25,6 +25,7 @@ from .hooks import Hooks
 from .insert import Inserter
 from .live_policy import declare
 from .migrate import check, install_routines, upgrade
+from .release import LockedWrites, ReturningWrites
 from .schema import Tables
 from .settings import Settings
 from .settle import Settler
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
     from .executor import HandlerSpec, JobContext
     from .migrate import Routines
     from .periodic import Clock, Schedule
-    from .worker.rounds import ParallelRound
 
 
 @dataclass(eq=False)
@@ -59,8 +59,9 @@ class Core:
     make_context: Callable[[Claimed], JobContext]
     #: a batch inserting on the given connection (periodic schedules)
     batch_on: Callable[[AsyncConnection], Batch]
-    #: the dialect's round strategy class for this database (see worker/rounds.py)
-    round_kind: type[ParallelRound]
+    #: the dialect's round strategy for this database, by its name in
+    #: ``worker.loop.ROUNDS`` (see worker/rounds.py)
+    round_kind: str
     #: the engine is aiojobqueue's (built from a URL): close_core disposes of it
     owns_engine: bool = False
     #: the schedules' clock (JobQueue.schedule_clock; None: the database's)
@@ -68,7 +69,7 @@ class Core:
 
 
 def build_core(s: Settings, db: Database, routines: Routines | None, *,
-               round_kind: type[ParallelRound], hooks: Hooks,
+               round_kind: str, hooks: Hooks,
                handlers: Mapping[str, HandlerSpec], schedules: Mapping[str, Schedule],
                make_context: Callable[[Claimed], JobContext],
                batch_on: Callable[[AsyncConnection], Batch]) -> tuple[Core, Inserter]:
@@ -76,7 +77,8 @@ def build_core(s: Settings, db: Database, routines: Routines | None, *,
     routines, where it has them), and the inserter its enqueues use."""
     signals = Signals()
     claimer = Claimer(s, db)
-    settler = Settler(db, db.ops.write_path(db, routines.release if routines else None))
+    settler = Settler(db, ReturningWrites(db, routines.release if routines else None)
+                      if db.ops.returning else LockedWrites(db))
     splits = SplitReleases(db, routines.rest if routines else None, signals.wake)
     finalizer = Finalizer(s, db, settler, routines.finish if routines else None,
                           splits.release_rest)

@@ -85,3 +85,7 @@ class JobCancelled(AioJobQueueError):
         self.job_id = job_id
         self.error = error or {}
         super().__init__(f"job {job_id} cancelled: {self.error.get('message', '')}")
+
+
+class LeaseLostError(AioJobQueueError):
+    """This attempt no longer holds its lease (it was reclaimed or cancelled)."""

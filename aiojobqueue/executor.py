@@ -15,7 +15,7 @@ from . import schema as S
 from .batch import Batch, check_json
 from .claimed import Claimed
 from .database import Database
-from .errors import AioJobQueueError, NotJSONError
+from .errors import LeaseLostError, NotJSONError
 from .finalize import Outcome
 from .handlers import Handler, HandlerSpec
 from .snooze import Snooze
@@ -28,10 +28,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("aiojobqueue.worker")
 
 __all__ = ["HandlerSpec", "JobContext", "LeaseLostError", "run_attempt"]
-
-
-class LeaseLostError(AioJobQueueError):
-    """This attempt no longer holds its lease (it was reclaimed or cancelled)."""
 
 
 class JobContext:

@@ -1,4 +1,4 @@
-"""Held slots (docs/scheduling.md): a job held ahead (state ``leased``: Claimer._take_over)
+"""Held slots (docs/scheduling.md): a job held ahead (state ``leased``: Slots.take_over)
 starts in one of its worker's slots when that slot's job ends, and the transaction that
 writes that job's outcome makes the held row ``running`` first. So the caps' count of the
 worker's rows in ``running`` never drops below what it really runs. Here: which held jobs

@@ -34,7 +34,7 @@ from .timeutil import db_now, utcnow_plus
 def lease_values(t: S.Tables, ttl: Any, owner: Any, state: str = S.RUNNING) -> dict[str, Any]:
     """The SET clauses of a lease to ``owner`` for ``ttl`` seconds (values, or the one-call
     routine's variables' expressions). ``state``: ``leased`` for a job held ahead (see
-    Claimer._take_over)."""
+    Slots.take_over)."""
     J = t.jobs
     return {
         "state": state,

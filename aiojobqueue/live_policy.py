@@ -11,7 +11,7 @@ A change seen here bumps ``generation``. Jobs held ahead and the hand-over (clai
 a slot's count as it was, which is only right while the count is within the caps: after a
 change they stop (held jobs are given back) until ``HANDOVER_WAIT`` poll intervals have
 passed (every live worker has seen the change by then) and a count of what runs found the
-caps held (``Claimer.handover_allowed``). See docs/scheduling.md "Changing the policy".
+caps held (``Slots.checked``). See docs/scheduling.md "Changing the policy".
 """
 
 from __future__ import annotations

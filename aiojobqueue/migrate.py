@@ -301,7 +301,7 @@ async def _v7_to_v8(db: Database) -> None:
 
 async def _v8_to_v9(db: Database) -> None:
     """v9: the ``leased`` state (a job leased ahead into a slot its worker holds under a
-    counted cap: see claim.Claimer._take_over) and its index ``ix_leased`` (state,
+    counted cap: see slots.Slots.take_over) and its index ``ix_leased`` (state,
     lease_owner, lease_expires; partial where the dialect has them). ``state`` is a plain
     string column (no CHECK), so no row changes; the index is added only if missing, under
     the gate's lock (one process migrates; the others wait, then find it). Workers of

@@ -24,7 +24,7 @@ from sqlalchemy import update
 
 from . import schema as S
 from .besteffort import Throttle
-from .errors import InvalidJobError
+from .errors import InvalidJobError, LeaseLostError
 from .logs import brief
 from .sql import lit
 
@@ -179,7 +179,5 @@ class Reporter:
             self._timer = None
 
     def _lost_error(self) -> Exception:
-        from .executor import LeaseLostError
-
         c = self._c
         return LeaseLostError(f"job {c.id} attempt {c.attempt} no longer holds its lease")

@@ -35,7 +35,7 @@ from sqlalchemy import (
 
 from .dialects.columns import Id as _Id
 from .dialects.columns import Json as _Json
-from .dialects.columns import UTCDateTime, drop_routines_with
+from .dialects.columns import UTCDateTime, builds_partial, drop_routines_with, partial_where
 
 SCHEMA_VERSION = 10
 #: What a container not yet active adds to its children's ``pending`` (v3; was 1): larger
@@ -45,7 +45,7 @@ DEFAULT_PREFIX = "ajq_"
 
 WAITING, SCHEDULED, READY, RUNNING, ACTIVE = "waiting", "scheduled", "ready", "running", "active"
 #: v9: leased ahead into a slot this worker holds under a counted cap, not started and
-#: not counted by any cap (see claim.Claimer._take_over, docs/scheduling.md "Held slots")
+#: not counted by any cap (see slots.Slots.take_over, docs/scheduling.md "Held slots")
 LEASED = "leased"
 #: what a worker holds a lease on: renewed by its heartbeat, reclaimed once expired
 LEASED_STATES = (RUNNING, LEASED)
@@ -94,8 +94,7 @@ def _partial(state: str) -> dict[str, Any]:
 
 def _where(cond: str) -> dict[str, Any]:
     """A partial index where the dialect has them (MySQL/MariaDB index every row)."""
-    where = text(cond)
-    return {"postgresql_where": where, "sqlite_where": where}
+    return partial_where(text(cond))
 
 
 def v2_indexes(p: str) -> list[Index]:
@@ -121,7 +120,7 @@ def external_index(p: str) -> Index:
     step's deadline is its ``lease_expires`` (no worker leases it; set when it becomes
     external: ``started_at`` + its ``timeout``). Not on MySQL: see ``running_indexes``."""
     return Index(f"{p}ix_external", "state", "lease_expires",
-                 **_partial(EXTERNAL)).ddl_if(callable_=_builds_partial)
+                 **_partial(EXTERNAL)).ddl_if(callable_=builds_partial)
 
 
 def running_indexes(p: str) -> list[Index]:
@@ -131,9 +130,9 @@ def running_indexes(p: str) -> list[Index]:
     nothing ``ix_ready`` (state, group_key) and ``ix_leased`` (state, lease_owner,
     lease_expires) do not (v10: fewer redo bytes a job, docs/operations.md)."""
     return [Index(f"{p}ix_running", "state", "group_key", "lease_expires",
-                  **_partial(RUNNING)).ddl_if(callable_=_builds_partial),
+                  **_partial(RUNNING)).ddl_if(callable_=builds_partial),
             Index(f"{p}ix_running_owner", "state", "lease_owner",
-                  **_partial(RUNNING)).ddl_if(callable_=_builds_partial)]
+                  **_partial(RUNNING)).ddl_if(callable_=builds_partial)]
 
 
 def live_key_index(p: str) -> Index:
@@ -164,14 +163,6 @@ OVERVIEW_COUNTED = (WAITING, SCHEDULED, FAILED)
 OVERVIEW_EXTRA = {WAITING: " AND pending > 0"}
 
 
-def _builds_partial(ddl: Any, target: Any, bind: Any, tables: Any = None, state: Any = None,
-                    *, dialect: Any, compiler: Any = None, checkfirst: bool = False) -> bool:
-    """Whether the dialect at hand builds partial indexes (ddl_if's test)."""
-    from .dialects.urls import builds_partial_indexes
-
-    return builds_partial_indexes(dialect)
-
-
 def overview_indexes(p: str) -> list[Index]:
     """v7: the dashboard overview's per-group counts of waiting, scheduled and failed jobs
     (web/data.py), and the metrics' count of waiting ones (metrics.gauge_queries), as
@@ -183,7 +174,7 @@ def overview_indexes(p: str) -> list[Index]:
     would each be rewritten by every state change."""
     return [Index(f"{p}ix_{state}_group", "state", "group_key",
                   **_where(f"state = '{state}'{OVERVIEW_EXTRA.get(state, '')}"))
-            .ddl_if(callable_=_builds_partial)
+            .ddl_if(callable_=builds_partial)
             for state in OVERVIEW_COUNTED]
 
 
@@ -210,10 +201,17 @@ def include_object(obj: Any, name: str | None, type_: str, reflected: bool,
 def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None) -> Tables:
     """Build the schema under ``prefix`` (into ``metadata`` if given, e.g. an Alembic one)."""
     md = metadata if metadata is not None else MetaData()
-    p = prefix
-    jobs = Table(
-        f"{p}jobs",
-        md,
+    jobs = jobs_table(prefix, md)
+    deps, meta, groups, workers, rate = _worker_tables(prefix, md)
+    releases, policy, tags, sweeps = _side_tables(prefix, md)
+    schedules = schedule_table(prefix, md)
+    return Tables(md, jobs, deps, meta, groups, workers, rate, releases, policy, schedules,
+                  tags, sweeps)
+
+
+def _job_columns() -> list[Column[Any]]:
+    """The jobs table's columns: one row per job, container or external step."""
+    return [
         Column("id", _Id, primary_key=True, autoincrement=True),
         Column("type", String(200), nullable=False),
         Column("kind", String(10), nullable=False, server_default=JOB),
@@ -254,11 +252,20 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("started_at", UTCDateTime),
         Column("finished_at", UTCDateTime),
         # Set (never cleared) when a dependency edge to this job is added, under its row lock:
-        # a finalize that sees it unset needs no dependents look-up (see completer.finish_fast).
+        # a finalize that sees it unset needs no dependents look-up (see finalize.plain_stmt).
         Column("has_dependents", Boolean, nullable=False, server_default=false()),
         # v10: how many times a handler raised Snooze (each put the job back without using
         # an attempt: see snooze.py)
         Column("snoozes", Integer, nullable=False, server_default="0"),
+    ]
+
+
+def jobs_table(p: str, md: MetaData) -> Table:
+    """The jobs table and its indexes (on PostgreSQL its routines are dropped with it)."""
+    jobs = Table(
+        f"{p}jobs",
+        md,
+        *_job_columns(),
         # `state` leads every state index so MySQL/MariaDB (no partial indexes) can use them too.
         ready_weight_index(p),
         *running_indexes(p),
@@ -274,6 +281,12 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
     # autogenerate).
     Index(f"{p}ix_ready", jobs.c.state, jobs.c.group_key, jobs.c.priority.desc(), jobs.c.id,
           **_partial(READY))
+    drop_routines_with(jobs)
+    return jobs
+
+
+def _worker_tables(p: str, md: MetaData) -> tuple[Table, Table, Table, Table, Table]:
+    """The dependency edges, the meta rows, the groups, the workers and the rate ledger."""
     deps = Table(
         f"{p}deps",
         md,
@@ -320,6 +333,11 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         # (v7: name, at; InnoDB then read each row's clustered record for it)
         Index(f"{p}ix_rate", "name", "at", "starts"),
     )
+    return deps, meta, groups, workers, rate
+
+
+def _side_tables(p: str, md: MetaData) -> tuple[Table, Table, Table, Table]:
+    """The split releases (v5), the policy, the tags and the sweeps (v10)."""
     # v5: the dependents of a finished job whose release was split off its finalize (the
     # PostgreSQL routine releases the first of a large fan-out in the finalizing call and the
     # rest in a call of its own right after; see fanout.py). A row lives
@@ -367,10 +385,7 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         Column("last_deleted", Integer, nullable=False, server_default="0"),
         Column("total_deleted", _Id, nullable=False, server_default="0"),
     )
-    schedules = schedule_table(p, md)
-    drop_routines_with(jobs)
-    return Tables(md, jobs, deps, meta, groups, workers, rate, releases, policy, schedules,
-                  tags, sweeps)
+    return releases, policy, tags, sweeps
 
 
 def schedule_table(p: str, md: MetaData) -> Table:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     CTE,
@@ -30,13 +30,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from ..schema import Tables
 from .bulk import InsertHooks
 from .drivers import driver_needed
-
-if TYPE_CHECKING:
-    from ..database import Database
-    from ..lease import LeasePath
-    from ..release import WritePath
-    from ..settings import Settings
-    from ..worker.rounds import ParallelRound
 
 WakeCallback = Callable[[str], None]
 
@@ -110,26 +103,18 @@ class DialectOps(InsertHooks, ABC):
             "listen_url is for PostgreSQL: LISTEN/NOTIFY exists only there, other databases "
             "are polled")
 
-    # -- the objects the core runs this database's way ------------------------------------
-    def round_kind(self, routines: bool) -> type[ParallelRound]:
-        """The tick loop's round strategy class (see worker/rounds.py); ``routines``: the
-        one-call finalize routines are installed."""
-        from ..worker.rounds import ParallelRound
+    # -- how the core runs on this database (it picks its classes by these; the dialect
+    # never imports them) -----------------------------------------------------------------
+    #: ``UPDATE ... RETURNING`` exists: a claim leases in one statement (lease.ReturningLease)
+    #: and finalize and settle read what they changed (release.ReturningWrites); without
+    #: it, a claim picks then leases (lease.PickThenLease), and they lock then read
+    #: (release.LockedWrites)
+    returning: ClassVar[bool] = True
 
-        return ParallelRound
-
-    def lease_path(self, db: Database, settings: Settings) -> LeasePath:
-        """How a claim turns the jobs it picked into leases (see claim.py)."""
-        from ..lease import ReturningLease
-
-        return ReturningLease(db, settings)
-
-    def write_path(self, db: Database, release_call: Any = None) -> WritePath:
-        """How finalize and settle change rows (see settle.py); ``release_call``: the
-        release routine's call, where installed."""
-        from ..release import ReturningWrites
-
-        return ReturningWrites(db, release_call)
+    def round_kind(self, routines: bool) -> str:
+        """The tick loop's round strategy, by its name in ``worker.loop.ROUNDS`` (see
+        worker/rounds.py); ``routines``: the one-call finalize routines are installed."""
+        return "parallel"
 
     def materialized(self, cte: CTE) -> CTE:
         """``cte`` computed once before the statement that reads it, where the dialect can

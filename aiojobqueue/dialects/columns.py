@@ -18,6 +18,7 @@ from sqlalchemy.dialects import mysql, postgresql
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.elements import TextClause
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
@@ -115,6 +116,24 @@ def _lite(element: utcnow_plus, compiler: SQLCompiler, **kw: Any) -> str:
 def db_now() -> utcnow_plus:
     """The database's current UTC time."""
     return utcnow_plus(0.0)
+
+
+#: the backends that build a partial index; MySQL and MariaDB have none and index every row
+#: (``DialectOps.has_partial_indexes`` says the same to the core)
+PARTIAL_INDEX_BACKENDS = ("postgresql", "sqlite")
+
+
+def partial_where(where: TextClause) -> dict[str, Any]:
+    """An ``Index``'s keyword arguments that make it partial, ``WHERE where``, on the
+    backends that have partial indexes."""
+    return {f"{backend}_where": where for backend in PARTIAL_INDEX_BACKENDS}
+
+
+def builds_partial(ddl: Any, target: Any, bind: Any, tables: Any = None, state: Any = None,
+                   *, dialect: Dialect, compiler: Any = None, checkfirst: bool = False) -> bool:
+    """Whether the backend at hand builds partial indexes (a ``ddl_if`` test: an index that
+    is only worth its writes where it is partial is left out elsewhere)."""
+    return dialect.name in PARTIAL_INDEX_BACKENDS
 
 
 def drop_routines_with(jobs: Table) -> None:

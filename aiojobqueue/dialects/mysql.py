@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import (
     Integer,
@@ -45,11 +45,6 @@ from .bulk import (
 from .mysql_bell import ring
 from .mysql_watch import BellWatch
 
-if TYPE_CHECKING:
-    from ..database import Database
-    from ..lease import LeasePath
-    from ..release import WritePath
-    from ..settings import Settings
 
 def _reset_open_transaction(dbapi_conn: Any, record: Any, state: PoolResetState) -> None:
     """A connection going back to the pool: roll back only a transaction the server says is
@@ -74,6 +69,8 @@ class MySQLOps(DialectOps):
     async_scheme = "mysql+aiomysql"
     sync_scheme = "mysql+pymysql"
     has_partial_indexes = False
+    # No UPDATE ... RETURNING: a claim picks, then leases; finalize and settle lock and read.
+    returning = False
 
     @staticmethod
     def engine_kwargs() -> dict[str, Any]:
@@ -88,17 +85,6 @@ class MySQLOps(DialectOps):
         if "charset" not in url.query:
             return url.update_query_dict({"charset": "utf8mb4"})
         return url
-
-    # No UPDATE ... RETURNING: a claim picks, then leases; finalize and settle lock and read.
-    def lease_path(self, db: Database, settings: Settings) -> LeasePath:
-        from ..lease import PickThenLease
-
-        return PickThenLease(db, settings)
-
-    def write_path(self, db: Database, release_call: Any = None) -> WritePath:
-        from ..release import LockedWrites
-
-        return LockedWrites(db)
 
     def insert_path(self) -> InsertPath:
         return MySQLInsertPath(self)

@@ -12,7 +12,7 @@ import collections
 import sqlite3
 from collections.abc import Callable
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import CTE, Engine, Select, create_engine, event, select, union_all
 from sqlalchemy.dialects.sqlite import insert as lite_insert
@@ -24,9 +24,6 @@ from ..errors import ConfigurationError
 from .base import DialectOps, Listener, WakeCallback
 from .bulk import JOB_FIELDS, JobColumns, json_rows_params, run_bulk_insert, varying_fields
 from .columns import _EPOCH
-
-if TYPE_CHECKING:
-    from ..worker.rounds import ParallelRound
 
 BUSY_TIMEOUT_MS = 30_000
 #: How often an idle worker looks for commits made by other connections.
@@ -194,12 +191,10 @@ class SQLiteOps(DialectOps):
         return _hook(create_engine(url, pool_size=pool_size, max_overflow=0,
                                    connect_args={"check_same_thread": False}, **kwargs))
 
-    def round_kind(self, routines: bool) -> type[ParallelRound]:
+    def round_kind(self, routines: bool) -> str:
         # The database runs in this process, one writer at a time: a round's finalize and
         # claim share one transaction (see worker/rounds.py).
-        from ..worker.rounds import SharedRound
-
-        return SharedRound
+        return "shared"
 
     def materialized(self, cte: CTE) -> CTE:
         return cte.prefix_with("MATERIALIZED")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy.engine import URL, Dialect, make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from ..schema import Tables
@@ -34,12 +34,6 @@ def dialect_for(engine: AsyncEngine, tables: Tables,
     raise UnsupportedDatabaseError(
         f"unsupported database {name!r}: use SQLite, PostgreSQL or MySQL 8+/MariaDB 10.6+"
     )
-
-
-def builds_partial_indexes(dialect: Dialect) -> bool:
-    """Whether the database behind a SQLAlchemy ``dialect`` builds partial indexes."""
-    cls = ops_class_for(dialect.name)
-    return cls is not None and cls.has_partial_indexes
 
 
 def ops_class_for(backend: str) -> type[DialectOps] | None:

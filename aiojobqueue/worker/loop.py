@@ -31,13 +31,21 @@ from ..timeutil import db_now
 from . import pacing, shutdown
 from .leases import Leases, Reclaimer
 from .outcomes import Outcomes
+from .pg_rounds import AutocommitRound, RoutineRound
 from .report import jlog
+from .rounds import ParallelRound, SharedRound
 from .state import Running, WorkerState
 
 #: seconds until the next look after a claim was passed over (the 1st, 2nd, 3rd time in a
 #: row: the other claim ends in milliseconds unless the database is loaded); then the poll
 RELOOK = (0.003, 0.01, 0.03, 0.2, 2.0)
 policy_log = logging.getLogger("aiojobqueue.policy")
+
+#: the round strategies by the name a dialect gives (``DialectOps.round_kind``)
+ROUNDS: dict[str, type[ParallelRound]] = {
+    "parallel": ParallelRound, "shared": SharedRound,
+    "autocommit": AutocommitRound, "routine": RoutineRound,
+}
 
 
 class Worker:
@@ -47,7 +55,7 @@ class Worker:
         self.core = core
         self.state = WorkerState()
         self.outcomes = Outcomes(core, self.state, self._forget)
-        self.round = core.round_kind(core, self.state, self.outcomes)
+        self.round = ROUNDS[core.round_kind](core, self.state, self.outcomes)
         self.outcomes.finalize = self.round.finalize
         self.leases = Leases(core, self.state, self.outcomes)
         self.wake = self.state.wake
@@ -240,8 +248,9 @@ class Worker:
         renewed."""
         state, claimer = self.state, self.core.claimer
         q = state.held.get(c.group)
+        live = claimer.live
         if (not q or state.stopping or claimer.single_group != c.group
-                or claimer.live.cap(c.group) == 0 or claimer.live.generation != claimer.checked
+                or live.cap(c.group) == 0 or live.generation != claimer.slots.checked
                 or not self.leases.healthy()
                 or (state.share is not None and self._active >= state.share)):
             return None
@@ -282,7 +291,7 @@ class Worker:
         slots = {r.claimed.group for r in state.running.values()}
         slots.update(c.group for c, _ in state.buffer)
         # (a change of the policy gives every held job back: see live_policy.py)
-        changed = live.generation != claimer.checked
+        changed = live.generation != claimer.slots.checked
         back: list[Claimed] = []
         for grp in list(state.held):
             if (grp != g or grp not in slots or live.cap(grp) == 0 or changed

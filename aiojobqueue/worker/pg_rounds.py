@@ -73,7 +73,7 @@ class RoutineRound(AutocommitRound):
     async def capped(self, batch: list[Outcome], want: int, types: list[str],
                      quick: bool) -> tuple[bool, list[Claimed]]:
         """Where every outcome is a success and the claimer may hand the freed slots over
-        (Claimer.hand_ask), one call of the routine finalizes them and leases their
+        (Slots.hand_ask), one call of the routine finalizes them and leases their
         replacements (no more than it finished: no gate); else as ParallelRound."""
         core, claimer = self.core, self.core.claimer
         ask: LeaseAsk | None = None
@@ -81,12 +81,12 @@ class RoutineRound(AutocommitRound):
         # (the routine makes no row `leased` nor `running` from `leased`).
         freeing = None if swaps(batch) or self.hold_ask() is not None else self._freeing(batch)
         if freeing is not None:
-            ask = claimer.hand_ask(want, types, quick, freeing)
-            if (ask is None and claimer.handover_stale(time.monotonic(), quick)
+            ask = claimer.slots.hand_ask(want, types, quick, freeing)
+            if (ask is None and claimer.slots.handover_stale(time.monotonic(), quick)
                     and not claimer.live.rated and await self._quietly(
-                        lambda conn: claimer.still_one_group(conn, types))):
+                        lambda conn: claimer.slots.still_one_group(conn, types))):
                 # the hand-over's window ran out: one census statement renews it
-                ask = claimer.hand_ask(want, types, quick, freeing)
+                ask = claimer.slots.hand_ask(want, types, quick, freeing)
         if ask is None:
             return await super().capped(batch, want, types, quick)
         wrote = await self.outcomes.write(batch, partial(self.finalize, batch, ask))

@@ -72,7 +72,7 @@ WIDE_FLOOR = 96
 WIDE_FLOOR_GROUPS = 384
 WIDE_HOLD = 3.0
 #: Under a counted cap, a worker holds jobs ahead (state ``leased``: see
-#: Claimer._take_over) per slot it holds: about PREFETCH_HORIZON seconds of work at its
+#: Slots.take_over) per slot it holds: about PREFETCH_HORIZON seconds of work at its
 #: recent pace, at least one and at most this many
 HOLD_PER_SLOT = 8
 
@@ -138,7 +138,7 @@ class ParallelRound:
         return None
 
     def hold_ask(self, batch: list[Outcome] | None = None) -> Hold | None:
-        """What this round's hand-over may hold ahead (Claimer._take_over), or None: only
+        """What this round's hand-over may hold ahead (Slots.take_over), or None: only
         under a counted cap with no RateLimit or local limit (a held job starts without
         asking them), for the one group a census last found alone, and while this worker
         renews its leases. Per slot of that group this worker holds once ``batch`` is
@@ -150,7 +150,7 @@ class ParallelRound:
         live = claimer.live
         g = claimer.single_group
         if (g is None or not live.counts_slots or live.rated or s.local_limits
-                or state.stopping or live.cap(g) == 0 or live.generation != claimer.checked
+                or state.stopping or live.cap(g) == 0 or live.generation != claimer.slots.checked
                 or time.monotonic() - state.beat_ok_at >= s.lease_ttl - s.margin):
             return None
         have = state.held_count()
@@ -202,9 +202,9 @@ class ParallelRound:
         # The last claim found the global cap full: count without any lock first (a claim
         # that can lease nothing must not queue for the gate, or for SQLite's write lock,
         # ahead of the worker whose finalize is freeing a slot).
-        if claimer.cap_looks_full():
+        if claimer.slots.cap_looks_full():
             try:
-                if await core.db.read(claimer.cap_is_full):
+                if await core.db.read(claimer.slots.cap_is_full):
                     return []
             except Exception as exc:
                 if not core.db.is_outage(exc):

@@ -16,6 +16,7 @@ from tcpproxy import TcpProxy
 
 from aiojobqueue import JobContext, JobQueue, JobState
 from aiojobqueue.lease import ReturningLease
+from aiojobqueue.worker.loop import ROUNDS
 from aiojobqueue.worker.pg_rounds import AutocommitRound
 
 SERVERS = pytest.mark.parametrize("db", ["postgresql", "mariadb"], indirect=True)
@@ -60,7 +61,7 @@ async def test_claim_with_lost_commit_answer_is_released_not_stranded(
                 group = "orphan-probe-group"  # appears only in the claim that takes the probe
                 # where the claim runs in autocommit, its own answer is its commit's
                 px.cut_after_commit(group.encode(), autocommit=issubclass(
-                    q._core.round_kind, AutocommitRound) and not q.settings.needs_gate)
+                    ROUNDS[q._core.round_kind], AutocommitRound) and not q.settings.needs_gate)
                 t0 = time.monotonic()
                 probe = await observer.enqueue("step", {"seconds": 0.0}, group=group,
                                                max_attempts=1)

@@ -115,7 +115,7 @@ async def test_routine_handover_leases_no_more_than_the_call_finished(
         outs = [Outcome(c.id, c.attempt, q.worker_id, "done") for c in got]
         await q._write(lambda conn: core.finalizer.finish_detailed(conn, outs[2:]))
         assert len(await q._write(lambda conn: core.claimer.claim(conn, 10, ["t"]))) == 1
-        ask = LeaseAsk("g", ["t"], 3, hand=True)  # (built as Claimer.hand_ask would)
+        ask = LeaseAsk("g", ["t"], 3, hand=True)  # (built as Slots.hand_ask would)
         took = await core.db.autocommit(
             lambda conn: core.finalizer.finish_in_one_call(conn, outs, ask))
         assert {i for i, _ in took} == {got[0].id, got[1].id}

@@ -20,6 +20,7 @@ from aiojobqueue.census import Census
 from aiojobqueue.claimed import Claimed
 from aiojobqueue.finalize import Outcome
 from aiojobqueue.policy import GroupDemand, fair_share, rotation_key
+from aiojobqueue.worker.loop import ROUNDS
 from aiojobqueue.worker.rounds import PREFETCH_MAX
 
 
@@ -196,7 +197,7 @@ async def test_served_in_turn_while_jobs_run(make_queue: Callable[..., JobQueue]
 
         await enqueue(q, [("t", g, 1) for g in groups for _ in range(2)])
         await q.run_until_idle()
-        floor = q._started().round_kind.floor_groups  # (the round kind's many-group floor)
+        floor = ROUNDS[q._started().round_kind].floor_groups  # (the round kind's many-group floor)
     assert Counter(starts) == dict.fromkeys(groups, 2)
     one_claim = 5 + max(PREFETCH_MAX * 5, floor)
     assert set(starts[: len(groups) + one_claim]) == set(groups)

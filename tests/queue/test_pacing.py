@@ -15,6 +15,7 @@ from aiojobqueue import JobQueue
 from aiojobqueue.claimed import Claimed
 from aiojobqueue.finalize import Outcome
 from aiojobqueue.worker import pacing, rounds
+from aiojobqueue.worker.loop import ROUNDS
 from aiojobqueue.worker.outcomes import Outcomes
 from aiojobqueue.worker.state import Running, WorkerState
 
@@ -89,7 +90,7 @@ async def test_mysql_rounds_carry_more_than_postgresqls(
         state = WorkerState()
         state.backlog = True
         core.claimer.single_group = "default"  # (many groups: PREFETCH_FLOOR_GROUPS)
-        rnd = core.round_kind(core, state, Outcomes(core, state, lambda _c: None))
+        rnd = ROUNDS[core.round_kind](core, state, Outcomes(core, state, lambda _c: None))
         mysql = db == "mariadb"
         assert rnd.prefetch(0.01) == (rounds.WIDE_FLOOR if mysql else 40)
         # over many groups (a census and a pick per group), more: up to the round kind's
@@ -117,7 +118,7 @@ async def test_sqlite_leases_a_few_more_ahead_over_many_groups(
         core = q._started()
         state = WorkerState()
         state.backlog = True
-        rnd = core.round_kind(core, state, Outcomes(core, state, lambda _c: None))
+        rnd = ROUNDS[core.round_kind](core, state, Outcomes(core, state, lambda _c: None))
         assert isinstance(rnd, rounds.SharedRound)
         core.claimer.single_group = "default"
         assert rnd.prefetch(0.001) == rounds.SHARED_AHEAD

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import (
     CTE,
@@ -51,9 +51,6 @@ from .pooler import (
 
 __all__ = ["POOLED_CONNECT_ARGS", "PROBE_WAIT", "PostgresOps"]
 
-if TYPE_CHECKING:
-    from ...worker.rounds import ParallelRound
-
 # deadlock, serialization failure, lock timeout, admin shutdown, cannot connect now
 #: an asyncpg parameter ($1) in the dialect's own SQL (PostgresOps.sync_driver_sql)
 _DOLLAR = re.compile(r"\$(\d+)")
@@ -93,12 +90,10 @@ class PostgresOps(PgInsert, DialectOps):
         # behind a pooler, an engine that keeps prepared statements fails at random later
         await refuse_caching_engine(conn)
 
-    def round_kind(self, routines: bool) -> type[ParallelRound]:
+    def round_kind(self, routines: bool) -> str:
         # Atomic statements in autocommit; with the routines, a success is one call that
-        # settles too, the claim riding along at a DAG step (see worker/rounds.py).
-        from ...worker.pg_rounds import AutocommitRound, RoutineRound
-
-        return RoutineRound if routines else AutocommitRound
+        # settles too, the claim riding along at a DAG step (see worker/pg_rounds.py).
+        return "routine" if routines else "autocommit"
 
     def insert_path(self) -> InsertPath:
         return PgInsertPath(self)

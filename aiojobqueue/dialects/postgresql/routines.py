@@ -28,7 +28,7 @@ up to ``p_n`` ready jobs of group ``p_g`` and types ``p_types`` to ``p_lo`` for
 snapshot: the jobs this call released are among them) and returns them as a JSON
 array of claim_columns() rows: the next step of a DAG leased in the call that made it
 runnable, one round trip less. Where ``p_n < 0`` (a counted cap's hand-over, see
-Claimer.hand_ask) it leases at most ``-p_n`` and at most as many jobs as the call
+Slots.hand_ask) it leases at most ``-p_n`` and at most as many jobs as the call
 finished, so the count the cap holds never grows: no gate to take.
 
 A split release (``split`` > 0): where the call finished one job on which more than
