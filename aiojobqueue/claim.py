@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import (
-    select,
     update,
 )
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -65,8 +64,6 @@ class Claimer:
         self.groups_at = 0.0  # ... and of its last census of groups with runnable jobs
         self.census_due = False  # a claim left the census to the next one (see claim())
         self.single_group: str | None = None  # the only such group then, if just one
-        #: groups known to have their row (inserts skip the look-up for them)
-        self.known_groups: set[str] = set()
         #: the last group that ran nothing and was served: fair share's rotation (ties
         #: among equal ratios) goes on after it (see policy.fair_share, Census)
         self.cursor: str | None = None
@@ -79,20 +76,6 @@ class Claimer:
         self.passed_over = False
         #: the caps' count and its hand-over and held slots (slots.py)
         self.slots = Slots(self)
-
-    async def ensure_groups(self, conn: AsyncConnection, groups: list[str]) -> None:
-        """Give every group in ``groups`` its row (inside the caller's insert)."""
-        new = [g for g in groups if g not in self.known_groups]
-        if not new:
-            return
-        G = self.db.t.groups
-        stmt = select(G.c.group_key).where(G.c.group_key.in_(new))
-        have = {r[0] for r in await conn.execute(stmt)}
-        missing = [{"group_key": g} for g in new if g not in have]
-        if missing:
-            await self.db.ops.insert_ignore(conn, G, missing)
-        # Cache only rows seen committed: this transaction may still roll back.
-        self.known_groups.update(have)
 
     async def promote_due(self, conn: AsyncConnection) -> None:
         """``scheduled`` jobs whose time has come become ``ready``."""

@@ -88,7 +88,7 @@ def build_core(s: Settings, db: Database, routines: Routines | None, *,
         handlers=handlers, schedules=schedules, make_context=make_context,
         batch_on=batch_on, round_kind=round_kind,
     )
-    return core, Inserter(db, claimer, settler, signals)
+    return core, Inserter(db, settler, signals)
 
 
 async def open_core(url: str | AsyncEngine, s: Settings, tables: Tables, *, migrate: bool,

@@ -17,11 +17,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from . import external, tracing
 from . import schema as S
 from .batch import JobRef, Node, Ref, _Spec
-from .claim import Claimer
 from .dag import plan_graph
 from .database import Database
 from .dialects.bulk import InsertPath, JobColumns
 from .errors import InvalidJobError
+from .groups import GroupRows
 from .settle import Settler
 from .signals import Signals
 from .tags import insert_tags
@@ -34,10 +34,10 @@ BULK_ROWS = 10 * CHUNK  # rows per bulk INSERT statement (InsertPath.bulk)
 class Inserter:
     """Inserts batches (see the module docstring)."""
 
-    def __init__(self, db: Database, claimer: Claimer, settler: Settler,
-                 signals: Signals) -> None:
+    def __init__(self, db: Database, settler: Settler, signals: Signals) -> None:
         self.db = db
-        self.claimer = claimer
+        #: the ``groups`` rows this process knows exist
+        self.groups = GroupRows(db)
         self.settler = settler
         self.signals = signals
         self.path: InsertPath = db.ops.insert_path()
@@ -88,7 +88,7 @@ class Inserter:
         group already known to exist, no absolute run_after, and few enough for one bulk
         statement (a bulk load's chunk of 1,000 is one round trip, not BEGIN, INSERT,
         COMMIT)."""
-        known = self.claimer.known_groups
+        known = self.groups.known
         return len(specs) <= BULK_ROWS and all(
             s.key is None and not s.depends_on and s.parent is None and not s.is_container
             and not s.is_external and s.when == "done"
@@ -204,7 +204,7 @@ class Inserter:
             await insert_tags(conn, self.db.t.tags, pairs)
         groups = sorted({s.group for s in fresh if not s.is_container})
         if groups:
-            await self.claimer.ensure_groups(conn, groups)
+            await self.groups.ensure(conn, groups)
         # containers that start active with no children are finished at once (roll-up).
         empty = [s.ref.id for s in fresh if s.is_container and s.state == S.ACTIVE]
         if empty:

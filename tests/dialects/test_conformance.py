@@ -57,7 +57,8 @@ async def _fill(q: JobQueue, done: int, waiting: int, ready: int) -> None:
             rows = [dict(base, state=state, pending=int(state == "waiting")) for _ in range(n)]
             for i in range(0, n, 5000):
                 await conn.execute(insert(J), rows[i : i + 5000])
-        await q._core.claimer.ensure_groups(conn, ["default"])
+        assert q._inserter is not None
+        await q._inserter.groups.ensure(conn, ["default"])
 
 
 async def _claim_selects(q: JobQueue) -> list[tuple[str, Any]]:
