@@ -29,6 +29,7 @@ from ..sql import lit
 from ..stored_policy import NOTIFY_PAYLOAD
 from ..timeutil import db_now
 from . import pacing, shutdown
+from .holding import Holding
 from .leases import Leases, Reclaimer
 from .outcomes import Outcomes
 from .pg_rounds import AutocommitRound, RoutineRound
@@ -58,6 +59,7 @@ class Worker:
         self.round = ROUNDS[core.round_kind](core, self.state, self.outcomes)
         self.outcomes.finalize = self.round.finalize
         self.leases = Leases(core, self.state, self.outcomes)
+        self.holding = Holding(self)
         self.wake = self.state.wake
         self.claims = 0  # attempts started
         self._active = 0  # handlers executing now (capacity caps this)
@@ -137,7 +139,7 @@ class Worker:
                 if self.core.claimer.live.due(time.monotonic()):
                     await self._refresh_policy()
                 if state.held:
-                    await self._give_back_held()
+                    await self.holding.give_back()
                 usual = s.capacity + rnd.prefetch(self.state.avg_run)
                 lingering = threads.lingering(self.core)
                 want = usual - self._active - len(state.buffer) - lingering
@@ -169,7 +171,7 @@ class Worker:
                     state.backlog = len(got) >= want
                 self._fill()
                 if state.held:
-                    self._swap_waiting()
+                    self.holding.start_waiting()
                 if (self._idle_exit and not got and not state.running and not out.outbox
                         and not state.buffer and await self._idle(types)):
                     return
@@ -231,7 +233,7 @@ class Worker:
             r = self.state.running.get(c.id)
             if r is not None and r.claimed.attempt == c.attempt:
                 r.outcome_queued = True
-            nxt = self._swap(c)
+            nxt = self.holding.next_for(c)
             if nxt is not None:  # its row becomes running where this outcome is written
                 outcome = replace(outcome, swap=(nxt[0].id, nxt[0].attempt))
             self.outcomes.add(outcome)
@@ -239,81 +241,6 @@ class Worker:
                 self._start(*nxt)
             self.state.wake.set()  # the pump writes it with its next round
         self._fill()
-
-    def _swap(self, c: Claimed) -> tuple[Claimed, float] | None:
-        """A held job of ``c``'s group to start at once in the slot ``c`` just left (its
-        row, or the row of the job whose slot ``c`` took, is still ``running`` until the
-        round that writes ``c``'s outcome makes the held one ``running`` in its place).
-        None where the hand-over no longer applies to that group, or while leases are not
-        renewed."""
-        state, claimer = self.state, self.core.claimer
-        q = state.held.get(c.group)
-        live = claimer.live
-        if (not q or state.stopping or claimer.single_group != c.group
-                or live.cap(c.group) == 0 or live.generation != claimer.slots.checked
-                or not self.leases.healthy()
-                or (state.share is not None and self._active >= state.share)):
-            return None
-        nxt = q.popleft()
-        if not q:
-            del state.held[c.group]
-        return nxt
-
-    def _swap_waiting(self) -> None:
-        """Held jobs that arrived after their group's jobs ended: each starts in the slot of
-        an ended attempt whose outcome still waits in the outbox (that row is counted until
-        the outcome is written, which now makes the held row ``running`` first), while a
-        handler slot is free. Not an outcome whose earlier write may have committed (its row
-        may no longer count)."""
-        state, out = self.state, self.outcomes
-        cap = self.core.settings.capacity - threads.lingering(self.core)
-        for i, o in enumerate(out.outbox):
-            if not state.held or self._active >= cap:
-                return
-            if (o.swap is not None or o.kind == "released"
-                    or (o.job_id, o.attempt) in out.uncertain):
-                continue
-            r = state.running.get(o.job_id)
-            if r is None or r.claimed.attempt != o.attempt:
-                continue
-            nxt = self._swap(r.claimed)
-            if nxt is not None:
-                out.outbox[i] = replace(o, swap=(nxt[0].id, nxt[0].attempt))
-                self._start(*nxt)
-
-    async def _give_back_held(self) -> None:
-        """Release the held jobs of a group the hand-over no longer applies to (another
-        group was found, the group was paused), so that no other group waits on them, and
-        of a group this worker holds no slot of any more (no job of it here, running,
-        ended or about to start: nothing would start them)."""
-        state, claimer = self.state, self.core.claimer
-        g, live = claimer.single_group, claimer.live
-        slots = {r.claimed.group for r in state.running.values()}
-        slots.update(c.group for c, _ in state.buffer)
-        # (a change of the policy gives every held job back: see live_policy.py)
-        changed = live.generation != claimer.slots.checked
-        back: list[Claimed] = []
-        for grp in list(state.held):
-            if (grp != g or grp not in slots or live.cap(grp) == 0 or changed
-                    or state.stopping):
-                back += [c for c, _ in state.held.pop(grp)]
-        back += self._over_share()
-        if back:
-            await self.leases.give_back(back)
-
-    def _over_share(self) -> list[Claimed]:
-        """Held jobs past this process's share of the cap (one per slot of it), newest
-        first: other processes serve these types too, and a held job is theirs to run."""
-        state, back = self.state, []
-        extra = state.held_count() - (state.share or state.held_count())
-        for grp in list(state.held):
-            q = state.held[grp]
-            while extra > 0 and q:
-                back.append(q.pop()[0])
-                extra -= 1
-            if not q:
-                del state.held[grp]
-        return back
 
     def _forget(self, c: Claimed) -> None:
         state = self.state

@@ -37,7 +37,7 @@ class WorkerState:
     buffer: deque[tuple[Claimed, float]] = field(default_factory=deque)
     #: held jobs (state ``leased``, counted by no cap) by group, with the monotonic time of
     #: their lease: one starts only in a slot of its group whose job just ended (see
-    #: Worker._swap, Slots.take_over)
+    #: Holding.next_for, Slots.take_over)
     held: dict[str, deque[tuple[Claimed, float]]] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     stopping: bool = False
