@@ -1,11 +1,10 @@
 """JobQueue: the facade. Configuration and registration (a handler's rules are
 handlers.py's), lifecycle (core.py opens and builds the parts, and takes them down),
-enqueue/get/wait/cancel/retry, serve."""
+enqueue, serve. Its methods on one job are jobmethods.py's (get, explain, wait, cancel,
+retry), the policy and schedule methods operations.py's, the external steps' workflowapi.py's."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime, timedelta
@@ -17,30 +16,24 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from . import schedules as schedule_ops
 from . import schema as S
-from . import stored_policy
-from .batch import Batch, JobRef, check_id
+from .batch import Batch, JobRef
 from .core import Core, close_core, open_core
 from .debounce import enqueue as debounced
 from .dialects.urls import async_url, listen_url_for
 from .errors import (
     ConfigurationError,
-    JobCancelled,
-    JobFailed,
     NotStartedError,
 )
 from .executor import JobContext
-from .explain import Explanation, explain
 from .handlers import Handler, HandlerSpec, Register, RetryOn, registrar
 from .hooks import Hooks
 from .insert import Inserter
-from .limits import Limit, RateLimit
-from .models import Job, JobState
+from .jobmethods import JobMethods
+from .limits import Limit
+from .operations import Operations
 from .periodic import Clock, Schedule, make_schedule
 from .retention import check_retention, declare
-from .schedules import ScheduleInfo
 from .settings import DEFAULT_POOL_SIZE, Settings
-from .snapshot import read_job
-from .stored_policy import UNSET, Policy, Unset
 from .worker import Worker
 from .workflowapi import ExternalSteps
 
@@ -74,7 +67,7 @@ class _Setting(Generic[V]):
             q._t = S.build_tables(q._settings.prefix)
 
 
-class JobQueue(ExternalSteps):
+class JobQueue(JobMethods, ExternalSteps, Operations):
     """A DAG job queue whose only state is your database.
 
     ``url`` is a SQLAlchemy URL (``sqlite:///jobs.db``, ``postgresql://…``, ``mysql://…``;
@@ -333,125 +326,6 @@ class JobQueue(ExternalSteps):
         await b.commit()
         return ref.id
 
-    # -- inspection -----------------------------------------------------------------------
-    async def get(self, job_id: int) -> Job:
-        """A snapshot of one job. Raises JobNotFoundError."""
-        check_id(job_id)
-        return await read_job(self._started().db, job_id)
-
-    async def explain(self, job_id: int) -> Explanation:
-        """Why the job is not running now: ``Explanation.reasons`` (see aiojobqueue.explain
-        for the codes); ``str()`` of it reads as a short paragraph. Raises JobNotFoundError."""
-        check_id(job_id)
-        return await explain(self._started(), job_id)
-
-    async def wait(self, job_id: int, timeout: float | None = None) -> Any:
-        """Wait until the job is terminal; return its result or raise JobFailed/JobCancelled.
-
-        Raises the builtin TimeoutError if ``timeout`` passes first, its message naming the
-        job and the state it was last seen in."""
-        seen: list[Job] = []
-        tmo = asyncio.timeout(timeout)
-        try:
-            async with tmo:
-                return await self._wait(job_id, seen)
-        except TimeoutError as exc:
-            if not tmo.expired():
-                raise  # not ours (e.g. the database's)
-            state = f"still {seen[-1].state}" if seen else "not read yet"
-            raise TimeoutError(f"job {job_id} is {state} after waiting {timeout}s") from exc
-
-    async def _wait(self, job_id: int, seen: list[Job]) -> Any:
-        """``wait()``'s loop; ``seen`` holds the last snapshot read (for its message)."""
-        delay = 0.01
-        while True:
-            job = await self.get(job_id)
-            seen[:] = [job]
-            if job.state == JobState.DONE:
-                return job.result
-            if job.state == JobState.FAILED:
-                raise JobFailed(job_id, job.error)
-            if job.state == JobState.CANCELLED:
-                raise JobCancelled(job_id, job.error)
-            done = self._started().signals.done
-            # asyncio.timeout, not wait_for (3.11's wait_for can swallow a cancellation)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await done.wait()
-            delay = min(delay * 1.5, self.poll_interval)
-
-    async def cancel(self, job_id: int) -> None:
-        """Cancel a job or container and everything waiting on it. A running job is stopped
-        by its worker within about one heartbeat interval."""
-        check_id(job_id)
-        core = self._started()
-        await core.db.write(lambda conn: core.actions.cancel(conn, job_id))
-
-    async def retry(self, job_id: int) -> None:
-        """Make a failed or cancelled job runnable again, with the jobs its end cancelled."""
-        check_id(job_id)
-        core = self._started()
-        await core.db.write(lambda conn: core.actions.retry(conn, job_id))
-        core.signals.wake()
-
-    # -- the policy in the database (stored_policy.py) -----------------------------------
-    async def policy(self) -> Policy:
-        """The policy in force, as stored: caps, weights, rates and pauses."""
-        return await stored_policy.read_policy(self._started().db)
-
-    async def set_policy(self, *, concurrency: int | Unset | None = UNSET,
-                         rate: RateLimit | Unset | None = UNSET) -> None:
-        """Set the fleet-wide cap and/or the queue's rate; None clears one, an argument
-        not given is left as it is. Every worker sees it within ``poll_interval``."""
-        core = self._started()
-        await stored_policy.set_policy(core.db, concurrency=concurrency, rate=rate)
-        _policy_changed(core)
-
-    async def set_group(self, name: str, *, weight: int | Unset | None = UNSET,
-                        cap: int | Unset | None = UNSET,
-                        rate: RateLimit | Unset | None = UNSET) -> None:
-        """Set group ``name``'s weight, cap and/or rate (None clears one). ``"*"`` is the
-        row every group without one of its own takes its cap and rate from."""
-        core = self._started()
-        await stored_policy.set_group(core.db, name, weight=weight, cap=cap, rate=rate)
-        _policy_changed(core)
-
-    async def pause(self, *, group: str | None = None, type: str | None = None) -> None:
-        """Start no job of ``group``, of ``type``, or (neither) of the whole queue until
-        ``resume``; running jobs finish."""
-        core = self._started()
-        await stored_policy.pause(core.db, group=group, type=type)
-        _policy_changed(core)
-
-    async def resume(self, *, group: str | None = None, type: str | None = None) -> None:
-        """Undo ``pause`` with the same arguments."""
-        core = self._started()
-        await stored_policy.resume(core.db, group=group, type=type)
-        _policy_changed(core)
-    # -- schedules (aiojobqueue.schedules) -------------------------------------------------
-    async def schedules(self) -> list[ScheduleInfo]:
-        """Every schedule in the database: spec, paused, last slot enqueued, next slot."""
-        return await schedule_ops.list_schedules(self._started().db)
-
-    async def pause_schedule(self, name: str) -> bool:
-        """Stop every worker enqueuing the schedule's slots (the one enqueued ahead is
-        cancelled unless it started). False if it was paused already.
-        Raises ScheduleNotFoundError."""
-        return await schedule_ops.pause(self._started(), name)
-
-    async def resume_schedule(self, name: str) -> bool:
-        """Enqueue the schedule's slots again, from the next one (slots missed while paused
-        are skipped). False if it was not paused. Raises ScheduleNotFoundError."""
-        return await schedule_ops.resume(self._started().db, name)
-
-    async def trigger_schedule(self, name: str) -> int:
-        """Enqueue one job of the schedule now (its slots stay as they are); its id.
-        Raises ScheduleNotFoundError."""
-        core = self._started()
-        job_id = await schedule_ops.trigger(core.db, core.batch_on, name)
-        core.signals.wake()
-        return job_id
-
     def schedule_clock(self, clock: Clock | None) -> None:
         """Read the schedules' time from ``await clock()`` (an aware datetime) instead of
         the database's clock, from the next start() on: for tests that cross a daylight-
@@ -478,9 +352,3 @@ class JobQueue(ExternalSteps):
         finally:
             self._worker = None
 
-
-def _policy_changed(core: Core) -> None:
-    """This process's worker reads the policy again before its next claim (others: at
-    their next look, or at once on the NOTIFY the change sent)."""
-    core.claimer.live.stale = True
-    core.signals.wake()
