@@ -12,38 +12,15 @@ import threading
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine
-from sqlalchemy.engine import URL
 from sqlalchemy.pool import NullPool
 
+from ...dialects.borrowed import borrowed_engine_kwargs, dbapi_dialect, django_url
 from ...errors import ConfigurationError
-
-#: Django's DB-API module -> the SQLAlchemy dialect that drives it
-_DIALECTS = {"sqlite3": "sqlite+pysqlite", "psycopg": "postgresql+psycopg",
-             "psycopg2": "postgresql+psycopg2", "MySQLdb": "mysql+mysqldb",
-             "pymysql": "mysql+pymysql"}
 
 
 def url_of(settings_dict: dict[str, Any]) -> str:
     """The SQLAlchemy URL (default drivers) of one ``DATABASES`` entry."""
-    engine = str(settings_dict.get("ENGINE", ""))
-    name = settings_dict.get("NAME")
-    if engine.endswith("sqlite3"):
-        if not name or str(name) == ":memory:" or str(name).startswith("file:"):
-            raise ConfigurationError(
-                "aiojobqueue needs a SQLite database file that worker processes can open, "
-                f"not {name!r}")
-        return f"sqlite:///{name}"
-    kind = ("postgresql" if "postgresql" in engine or "postgis" in engine
-            else "mysql" if "mysql" in engine else None)
-    if kind is None:
-        raise ConfigurationError(
-            f"aiojobqueue runs on SQLite, PostgreSQL and MySQL/MariaDB, not {engine!r}")
-    port = settings_dict.get("PORT")
-    url = URL.create(kind, username=settings_dict.get("USER") or None,
-                     password=settings_dict.get("PASSWORD") or None,
-                     host=settings_dict.get("HOST") or None,
-                     port=int(port) if port else None, database=name or None)
-    return url.render_as_string(hide_password=False)
+    return django_url(settings_dict)
 
 
 class _Borrowed:
@@ -91,24 +68,19 @@ class DjangoConnections:
         conn = connections[self.alias]
         conn.ensure_connection()
         raw = conn.connection
-        module = type(raw).__module__.split(".")[0]
-        if module == "sqlite3" or module.startswith("_sqlite"):
-            module = "sqlite3"
-        dialect = _DIALECTS.get(module)
+        dialect = dbapi_dialect(raw)
         if dialect is None:
             raise ConfigurationError(
-                f"cannot join Django's transaction on a {module} connection; enqueue in "
-                "transaction.on_commit() instead")
+                f"cannot join Django's transaction on a {type(raw).__module__} connection; "
+                "enqueue in transaction.on_commit() instead")
         engine = self._engines.get(dialect)
         if engine is None:
             with self._lock:
                 engine = self._engines.get(dialect)
                 if engine is None:
-                    kw: dict[str, Any] = ({"use_native_hstore": False}
-                                          if dialect.startswith("postgresql") else {})
                     engine = self._engines[dialect] = create_engine(
                         f"{dialect}://", creator=self._lend, poolclass=NullPool,
-                        pool_reset_on_return=None, **kw)
+                        pool_reset_on_return=None, **borrowed_engine_kwargs(dialect))
         self._lent.raw = raw
         return engine.connect()
 
