@@ -53,7 +53,7 @@ from . import schema as S
 from .census import group_demand_query
 from .errors import JobNotFoundError
 from .explain_policy import policy_holds
-from .fleet import fleet_caps
+from .fleet import FleetCaps, fleet_caps
 from .limits import RateLimit
 from .models import JobState
 from .policy import GroupDemand, rotation_key
@@ -294,8 +294,17 @@ async def _held(
 ) -> list[Reason]:
     """What holds a runnable job: workers, caps, limits, fair share; else ``ready``.
     ``cursor``: this process's fair-share rotation point (``Claimer.cursor``)."""
-    J = db.t.jobs
     fleet = await fleet_caps(s, db, conn)
+    out = await _capped(s, db, conn, row, now, fleet)
+    if out:
+        return out
+    return await _in_line(db, conn, row, cursor, fleet.serving(row.type))
+
+
+async def _capped(s: Settings, db: Database, conn: AsyncConnection, row: Any, now: datetime,
+                  fleet: FleetCaps) -> list[Reason]:
+    """What keeps a runnable job from starting at all: no worker serves its type, a pause,
+    a cap, a rate or a local limit (the stored policy, the fleet's declared limits)."""
     out: list[Reason] = []
     serving = fleet.serving(row.type)
     if not serving:
@@ -328,10 +337,15 @@ async def _held(
         if free <= 0:
             out.append(Reason("limit", f"The limit {local!r} allows no start now{note}.",
                               {"limit": repr(local)}))
-    if out:
-        return out
-    # Nothing caps it: do the workers that could take it have room, and is its group owed
-    # the next slot? (the claim's own census and fair-share rule)
+    return out
+
+
+async def _in_line(db: Database, conn: AsyncConnection, row: Any, cursor: str | None,
+                   serving: list[Any]) -> list[Reason]:
+    """Nothing caps the job: whether its group is owed the next slot (fair share, where every
+    worker that could run it is busy), else ``ready`` with what comes first in its group."""
+    J = db.t.jobs
+    # the claim's own census and fair-share rule
     types = sorted({row.type} | {t for w in serving for t in (w.types or ())})
     demand = {g: GroupDemand(int(w or 1), int(r), None) for g, w, r in
               (await conn.execute(group_demand_query(db.t, types))).all()}

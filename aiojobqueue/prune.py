@@ -20,6 +20,7 @@ from .errors import InvalidJobError
 from .tags import delete_tags
 
 if TYPE_CHECKING:
+    from .dialects.base import DialectOps
     from .queue import JobQueue
 
 CHUNK = 500
@@ -68,7 +69,8 @@ async def prune(
     """
     if older_than < timedelta(0):
         raise InvalidJobError(f"older_than must not be negative: {older_than}")
-    J, D, W = q._t.jobs, q._t.deps, q._t.workers
+    t, ops = q._t, q._started().db.ops
+    J = t.jobs
     cutoff = await now(q) - older_than
     res = PruneResult(cutoff, dry_run=dry_run)
     after = 0
@@ -82,53 +84,12 @@ async def prune(
         )]
         if not roots:
             return None
-        tree: dict[int, int] = {}  # member -> root
-        bad: set[int] = set()
-        # Level 0 locks the roots themselves (re-checked under the lock), then each level
-        # locks the children of the previous one.
-        level, by_id = roots, True
-        while level:
-            nxt: list[int] = []
-            for i in range(0, len(level), CHUNK):
-                part = level[i : i + CHUNK]
-                col = J.c.id if by_id else J.c.parent_id
-                stmt = q._started().db.ops.for_update(
-                    select(J.c.id, J.c.parent_id, J.c.state, J.c.finished_at)
-                    .where(col.in_(part)).order_by(J.c.id)
-                )
-                for r in await conn.execute(stmt):
-                    root = r.id if by_id else tree[r.parent_id]
-                    tree[r.id] = root
-                    if r.state not in S.TERMINAL or r.finished_at is None or (
-                        r.finished_at >= cutoff
-                    ):
-                        bad.add(root)
-                    nxt.append(r.id)
-            level, by_id = nxt, False
-        members = sorted(tree)
-        for i in range(0, len(members), CHUNK):
-            part = members[i : i + CHUNK]
-            rows = await conn.execute(
-                select(D.c.depends_on_id).join(J, J.c.id == D.c.job_id)
-                .where(D.c.depends_on_id.in_(part), J.c.state.in_(S.LIVE))
-            )
-            bad.update(tree[r[0]] for r in rows)
+        tree, bad = await _lock_trees(t, ops, conn, roots, cutoff)
+        bad |= await _depended_on(t, conn, tree)
         doomed = sorted(i for i, root in tree.items() if root not in bad)
         res.kept += len(bad)
         res.jobs += len(doomed)
-        for i in range(0, len(doomed), CHUNK):
-            part = doomed[i : i + CHUNK]
-            if dry_run:
-                res.edges += int((await conn.execute(
-                    select(func.count()).select_from(D)
-                    .where(D.c.job_id.in_(part) | D.c.depends_on_id.in_(part))
-                )).scalar_one())
-                continue
-            await delete_tags(conn, q._t.tags, part)
-            r1 = await conn.execute(delete(D).where(D.c.job_id.in_(part)))
-            r2 = await conn.execute(delete(D).where(D.c.depends_on_id.in_(part)))
-            res.edges += int(r1.rowcount) + int(r2.rowcount)
-            await conn.execute(delete(J).where(J.c.id.in_(part)))
+        res.edges += await _delete(t, conn, doomed, dry_run)
         return int(max(roots))
 
     while True:
@@ -136,6 +97,8 @@ async def prune(
         if last is None:
             break
         after = last
+
+    W = t.workers
 
     async def workers(conn: AsyncConnection) -> int:
         if dry_run:
@@ -145,3 +108,69 @@ async def prune(
 
     res.workers = await q._write(workers)
     return res
+
+
+async def _lock_trees(t: S.Tables, ops: DialectOps, conn: AsyncConnection, roots: list[int],
+                      cutoff: datetime) -> tuple[dict[int, int], set[int]]:
+    """Lock the trees of ``roots``: (each member -> its root, the roots whose tree holds a
+    job live or finished after ``cutoff``). Level 0 locks the roots themselves (re-checked
+    under the lock), then each level locks the children of the previous one."""
+    J = t.jobs
+    tree: dict[int, int] = {}
+    bad: set[int] = set()
+    level, by_id = roots, True
+    while level:
+        nxt: list[int] = []
+        for i in range(0, len(level), CHUNK):
+            part = level[i : i + CHUNK]
+            col = J.c.id if by_id else J.c.parent_id
+            stmt = ops.for_update(
+                select(J.c.id, J.c.parent_id, J.c.state, J.c.finished_at)
+                .where(col.in_(part)).order_by(J.c.id)
+            )
+            for r in await conn.execute(stmt):
+                root = r.id if by_id else tree[r.parent_id]
+                tree[r.id] = root
+                if r.state not in S.TERMINAL or r.finished_at is None or (
+                    r.finished_at >= cutoff
+                ):
+                    bad.add(root)
+                nxt.append(r.id)
+        level, by_id = nxt, False
+    return tree, bad
+
+
+async def _depended_on(t: S.Tables, conn: AsyncConnection, tree: dict[int, int]) -> set[int]:
+    """The roots of ``tree`` (member -> root) whose tree a live job depends on."""
+    J, D = t.jobs, t.deps
+    members = sorted(tree)
+    bad: set[int] = set()
+    for i in range(0, len(members), CHUNK):
+        part = members[i : i + CHUNK]
+        rows = await conn.execute(
+            select(D.c.depends_on_id).join(J, J.c.id == D.c.job_id)
+            .where(D.c.depends_on_id.in_(part), J.c.state.in_(S.LIVE))
+        )
+        bad.update(tree[r[0]] for r in rows)
+    return bad
+
+
+async def _delete(t: S.Tables, conn: AsyncConnection, doomed: list[int], dry_run: bool) -> int:
+    """Delete the jobs ``doomed`` with their edges and tags (``dry_run``: count the edges
+    only); how many edges went."""
+    J, D = t.jobs, t.deps
+    edges = 0
+    for i in range(0, len(doomed), CHUNK):
+        part = doomed[i : i + CHUNK]
+        if dry_run:
+            edges += int((await conn.execute(
+                select(func.count()).select_from(D)
+                .where(D.c.job_id.in_(part) | D.c.depends_on_id.in_(part))
+            )).scalar_one())
+            continue
+        await delete_tags(conn, t.tags, part)
+        r1 = await conn.execute(delete(D).where(D.c.job_id.in_(part)))
+        r2 = await conn.execute(delete(D).where(D.c.depends_on_id.in_(part)))
+        edges += int(r1.rowcount) + int(r2.rowcount)
+        await conn.execute(delete(J).where(J.c.id.in_(part)))
+    return edges

@@ -47,14 +47,7 @@ def worker(
         raise typer.BadParameter(f"unknown log level {log_level!r}", param_hint="--log-level")
     if log_format not in ("text", "json"):
         raise typer.BadParameter(f"unknown log format {log_format!r}", param_hint="--log-format")
-    q = load_queue(target, factory=factory)
-    if url is not None:
-        if not isinstance(q._url, str):
-            fail("--url: this queue was built from an engine; set its URL in your module "
-                 "instead", Exit.USAGE)
-        q._url = normalize_url(url)
-    if capacity is not None:
-        q.capacity = capacity
+    q = _queue_of(target, factory, url, capacity)
     logs.configure(log_level, log_format)
     the_url = q._url if isinstance(q._url, str) else str(q._url.url)
     types = sorted(q._handlers)
@@ -82,6 +75,19 @@ def worker(
         log.info("worker %s stopped", q.worker_id)
 
     run(the_url, go)
+
+
+def _queue_of(target: str, factory: bool, url: str | None, capacity: int | None) -> JobQueue:
+    """The user's JobQueue at ``target``, with ``--url`` and ``--capacity`` applied."""
+    q = load_queue(target, factory=factory)
+    if url is not None:
+        if not isinstance(q._url, str):
+            fail("--url: this queue was built from an engine; set its URL in your module "
+                 "instead", Exit.USAGE)
+        q._url = normalize_url(url)
+    if capacity is not None:
+        q.capacity = capacity
+    return q
 
 
 def _metrics_server() -> Any:

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit
 
 from jinja2 import Environment, PackageLoader, select_autoescape
-from markupsafe import Markup
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -77,7 +76,7 @@ class Dashboard:
         self.env = Environment(loader=PackageLoader("aiojobqueue.web", "templates"),
                                autoescape=select_autoescape(["html"]), trim_blocks=True,
                                lstrip_blocks=True)
-        self.env.filters.update(ago=_ago, dur=_dur, when=_when, pretty=_pretty, rel=T.rel,
+        self.env.filters.update(ago=T.ago, dur=T.dur, when=T.when, pretty=_pretty, rel=T.rel,
                                 times=T.times, attempts_short=attempts_short,
                                 attempts_text=attempts_text)
         self.env.globals.update(STATES=V.STATES, CAP=V.CAP, GROUP_CAP=V.GROUP_CAP)
@@ -385,39 +384,6 @@ def _plain(v: Any) -> Any:
 def _json(v: Any) -> Response:
     body = json.dumps(_plain(v), default=str, separators=(",", ":"))
     return Response(body, media_type="application/json", headers={"Cache-Control": "no-store"})
-
-
-# -- template filters -----------------------------------------------------------------------
-def _dur(seconds: float | None) -> str:
-    if seconds is None:
-        return "—"
-    s = abs(float(seconds))
-    if s < 1:
-        out = f"{s * 1000:.0f} ms"
-    elif s < 60:
-        out = f"{s:.0f} s"
-    elif s < 3600:
-        out = f"{int(s // 60)}m {int(s % 60):02d}s"
-    elif s < 86400:
-        out = f"{int(s // 3600)}h {int(s % 3600 // 60):02d}m"
-    else:
-        out = f"{int(s // 86400)}d {int(s % 86400 // 3600)}h"
-    return ("-" if seconds < 0 else "") + out
-
-
-def _ago(t: datetime | None, now: datetime) -> str:
-    if t is None:
-        return "—"
-    d = (now - t).total_seconds()
-    return f"{_dur(d)} ago" if d >= 0 else f"in {_dur(-d)}"
-
-
-def _when(t: datetime | None) -> Markup:
-    if t is None:
-        return Markup("—")
-    iso = t.isoformat(timespec="seconds")
-    return Markup('<time datetime="{0}">{1}</time>').format(
-        iso, t.strftime("%Y-%m-%d %H:%M:%S") + " UTC")
 
 
 def _pretty(v: Any) -> str:

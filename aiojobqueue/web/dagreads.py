@@ -25,86 +25,27 @@ class DagReads(Reader):
         if it is one), its upstream and downstream closures, and the containers of every node
         fetched. Bounded by DAG_FETCH nodes and ``children`` per container (the page drawing
         everything asks for DAG_FETCH)."""
-        J, D = self.t.jobs, self.t.deps
         children = V.DAG_CHILDREN if children is None else children
-        cols = (J.c.id, J.c.type, J.c.kind, J.c.state, J.c.parent_id, J.c.group_key)
 
         async def read(conn: AsyncConnection) -> Graph:
-            nodes: dict[int, Node] = {}
-
-            async def fetch(ids: Iterable[int]) -> list[Node]:
-                want = sorted(set(ids) - nodes.keys())
-                got: list[Node] = []
-                for i in range(0, len(want), 500):
-                    part = want[i : i + 500]
-                    for r in await conn.execute(select(*cols).where(J.c.id.in_(part))):
-                        n = Node(r.id, r.type, r.kind, r.state, r.parent_id, r.group_key)
-                        nodes[n.id] = n
-                        got.append(n)
-                return got
-
-            first = await fetch([job_id])
-            if not first:
-                raise JobNotFoundError(f"no job with id {job_id}")
-            root = first[0]
-            while root.parent_id is not None and len(nodes) < 64:
-                got = await fetch([root.parent_id])
-                if not got:
-                    break
-                root = got[0]
-            hidden: dict[int, dict[str, int]] = {}
-            over: set[int] = set()  # containers with more children than fetched by expand
-            expanded: set[int] = set()
-
-            async def expand(level: list[int]) -> None:
-                """Containers' content, level by level, a bounded slice per container."""
-                while level and len(nodes) < DAG_FETCH:
-                    nxt: list[int] = []
-                    for cid in level:
-                        if cid in expanded:
-                            continue
-                        expanded.add(cid)
-                        kids = (await conn.execute(
-                            select(*cols).where(J.c.parent_id == cid).order_by(J.c.id)
-                            .limit(children + 1))).all()
-                        for r in kids[:children]:
-                            if r.id not in nodes:
-                                nodes[r.id] = Node(r.id, r.type, r.kind, r.state, r.parent_id,
-                                                   r.group_key)
-                            if r.kind == S.CONTAINER:
-                                nxt.append(r.id)
-                        if len(kids) > children:
-                            over.add(cid)
-                    level = nxt
-
-            truncated = False
-            await expand([root.id] if root.kind == S.CONTAINER else [])
+            g = _GraphRead(self.t, conn, children)
+            root = await g.outermost(job_id)
+            await g.expand([root.id] if root.kind == S.CONTAINER else [])
             # The focus job's closures over dependency edges (recursive CTEs, bounded).
+            truncated = False
             for ids in (await self._closure(conn, job_id, up=True),
                         await self._closure(conn, job_id, up=False)):
                 if len(ids) >= DAG_FETCH:
                     truncated = True
-                await fetch(ids[: max(DAG_FETCH - len(nodes), 0)])
+                await g.fetch(ids[: max(DAG_FETCH - len(g.nodes), 0)])
             # ... and the content of the containers among them
-            await expand(sorted(n.id for n in nodes.values() if n.kind == S.CONTAINER))
-            # Containers of everything fetched, so each is drawn inside its box.
-            missing = {n.parent_id for n in nodes.values()} - nodes.keys() - {None}
-            rounds = 0
-            while missing and rounds < 16:
-                got = await fetch(m for m in missing if m is not None)
-                missing = {n.parent_id for n in got} - nodes.keys() - {None}
-                rounds += 1
-            hidden.update(await self._hidden_of(conn, over, nodes))
-            ids = sorted(nodes)
-            edges: list[tuple[int, int]] = []
-            for i in range(0, len(ids), 500):
-                part = ids[i : i + 500]
-                for up, down in await conn.execute(
-                    select(D.c.depends_on_id, D.c.job_id).where(D.c.job_id.in_(part))):
-                    if up in nodes:
-                        edges.append((up, down))
-            await external_notes(self.t, conn, nodes)
-            return Graph(job_id, nodes, edges, hidden, truncated or len(nodes) >= DAG_FETCH)
+            await g.expand(sorted(n.id for n in g.nodes.values() if n.kind == S.CONTAINER))
+            await g.containers()
+            hidden = await self._hidden_of(conn, g.over, g.nodes)
+            edges = await g.edges()
+            await external_notes(self.t, conn, g.nodes)
+            return Graph(job_id, g.nodes, edges, hidden,
+                         truncated or len(g.nodes) >= DAG_FETCH)
 
         return await self._read(read)
 
@@ -144,6 +85,88 @@ class DagReads(Reader):
         rows = await conn.execute(select(reach.c.id).limit(DAG_FETCH))
         return [r[0] for r in rows]
 
+
+class _GraphRead:
+    """One read of the DAG page: the nodes fetched so far, and the containers expanded."""
+
+    def __init__(self, t: S.Tables, conn: AsyncConnection, children: int) -> None:
+        self.t, self.conn, self.children = t, conn, children
+        J = t.jobs
+        self.cols = (J.c.id, J.c.type, J.c.kind, J.c.state, J.c.parent_id, J.c.group_key)
+        self.nodes: dict[int, Node] = {}
+        self.over: set[int] = set()  # containers with more children than expand fetched
+        self.expanded: set[int] = set()
+
+    async def fetch(self, ids: Iterable[int]) -> list[Node]:
+        """The nodes of ``ids`` not fetched yet (added to ``nodes``)."""
+        J = self.t.jobs
+        want = sorted(set(ids) - self.nodes.keys())
+        got: list[Node] = []
+        for i in range(0, len(want), 500):
+            part = want[i : i + 500]
+            for r in await self.conn.execute(select(*self.cols).where(J.c.id.in_(part))):
+                n = Node(r.id, r.type, r.kind, r.state, r.parent_id, r.group_key)
+                self.nodes[n.id] = n
+                got.append(n)
+        return got
+
+    async def outermost(self, job_id: int) -> Node:
+        """The job's outermost container (the job if it has none), fetched with the
+        containers between. Raises JobNotFoundError."""
+        first = await self.fetch([job_id])
+        if not first:
+            raise JobNotFoundError(f"no job with id {job_id}")
+        root = first[0]
+        while root.parent_id is not None and len(self.nodes) < 64:
+            got = await self.fetch([root.parent_id])
+            if not got:
+                break
+            root = got[0]
+        return root
+
+    async def expand(self, level: list[int]) -> None:
+        """Containers' content, level by level, a bounded slice per container."""
+        J, nodes, children = self.t.jobs, self.nodes, self.children
+        while level and len(nodes) < DAG_FETCH:
+            nxt: list[int] = []
+            for cid in level:
+                if cid in self.expanded:
+                    continue
+                self.expanded.add(cid)
+                kids = (await self.conn.execute(
+                    select(*self.cols).where(J.c.parent_id == cid).order_by(J.c.id)
+                    .limit(children + 1))).all()
+                for r in kids[:children]:
+                    if r.id not in nodes:
+                        nodes[r.id] = Node(r.id, r.type, r.kind, r.state, r.parent_id,
+                                           r.group_key)
+                    if r.kind == S.CONTAINER:
+                        nxt.append(r.id)
+                if len(kids) > children:
+                    self.over.add(cid)
+            level = nxt
+
+    async def containers(self) -> None:
+        """The containers of everything fetched, so each node is drawn inside its box."""
+        missing = {n.parent_id for n in self.nodes.values()} - self.nodes.keys() - {None}
+        rounds = 0
+        while missing and rounds < 16:
+            got = await self.fetch(m for m in missing if m is not None)
+            missing = {n.parent_id for n in got} - self.nodes.keys() - {None}
+            rounds += 1
+
+    async def edges(self) -> list[tuple[int, int]]:
+        """The dependency edges between the nodes fetched."""
+        D, nodes = self.t.deps, self.nodes
+        ids = sorted(nodes)
+        edges: list[tuple[int, int]] = []
+        for i in range(0, len(ids), 500):
+            part = ids[i : i + 500]
+            for up, down in await self.conn.execute(
+                    select(D.c.depends_on_id, D.c.job_id).where(D.c.job_id.in_(part))):
+                if up in nodes:
+                    edges.append((up, down))
+        return edges
 
 
 def group_states(nodes: Iterable[Node]) -> dict[str, int]:

@@ -1,6 +1,7 @@
 """Times in the reader's words on the dashboard: "2 min ago", "in 3 s", with the exact time
 in a ``<time datetime>`` element that the page's script titles in the reader's local time
-(``app.js``), so hovering shows it. The server's clock is the database's (``now``)."""
+(``app.js``), so hovering shows it. The server's clock is the database's (``now``). Also the
+templates' filters ``dur``, ``ago`` and ``when`` (durations and times in a table cell)."""
 
 from __future__ import annotations
 
@@ -55,3 +56,39 @@ def times(text: str, now: datetime) -> Markup:
         last = m.end()
     out.append(escape(text[last:]))
     return Markup("").join(out)
+
+
+def dur(seconds: float | None) -> str:
+    """A duration as the pages show it: ``850 ms``, ``42 s``, ``3m 05s``, ``2h 10m``, ``4d 3h``
+    (``—`` for none)."""
+    if seconds is None:
+        return "—"
+    s = abs(float(seconds))
+    if s < 1:
+        out = f"{s * 1000:.0f} ms"
+    elif s < 60:
+        out = f"{s:.0f} s"
+    elif s < 3600:
+        out = f"{int(s // 60)}m {int(s % 60):02d}s"
+    elif s < 86400:
+        out = f"{int(s // 3600)}h {int(s % 3600 // 60):02d}m"
+    else:
+        out = f"{int(s // 86400)}d {int(s % 86400 // 3600)}h"
+    return ("-" if seconds < 0 else "") + out
+
+
+def ago(t: datetime | None, now: datetime) -> str:
+    """``t`` against ``now``: ``3m 05s ago`` or ``in 42 s``."""
+    if t is None:
+        return "—"
+    d = (now - t).total_seconds()
+    return f"{dur(d)} ago" if d >= 0 else f"in {dur(-d)}"
+
+
+def when(t: datetime | None) -> Markup:
+    """``t`` as a ``<time>`` element in UTC."""
+    if t is None:
+        return Markup("—")
+    iso = t.isoformat(timespec="seconds")
+    return Markup('<time datetime="{0}">{1}</time>').format(
+        iso, t.strftime("%Y-%m-%d %H:%M:%S") + " UTC")
