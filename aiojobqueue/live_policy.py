@@ -7,7 +7,7 @@ primary-key read of the version token (the rows only where it changed), at once 
 change in this process or a ``"policy"`` wake-up (PostgreSQL NOTIFY) marks it stale. So a
 claim never pays a query for the policy.
 
-A change seen here bumps ``generation``. Jobs held ahead and the hand-over (claim.py) keep
+A change seen here bumps ``generation``. Jobs held ahead and the hand-over (slots.py) keep
 a slot's count as it was, which is only right while the count is within the caps: after a
 change they stop (held jobs are given back) until ``HANDOVER_WAIT`` poll intervals have
 passed (every live worker has seen the change by then) and a count of what runs found the
