@@ -22,13 +22,12 @@ from . import tags
 from .errors import InvalidJobError, JobNotFoundError
 from .models import Job, JobState
 from .snapshot import to_job
-from .sql import lit
+from .sql import chunks, lit
 from .timeutil import as_utc, db_now
 
 if TYPE_CHECKING:
     from .queue import JobQueue
 
-CHUNK = 500
 LEAF_STATES = (S.WAITING, S.SCHEDULED, S.READY, S.RUNNING, S.LEASED, S.DONE, S.FAILED, S.CANCELLED)
 
 
@@ -203,9 +202,9 @@ async def _jobs(q: JobQueue, conn: AsyncConnection, rows: Sequence[Any]) -> list
     D = q._t.deps
     deps: dict[int, list[int]] = defaultdict(list)
     ids = [r.id for r in rows]
-    for i in range(0, len(ids), CHUNK):
+    for part in chunks(ids):
         for jid, up in await conn.execute(
-            select(D.c.job_id, D.c.depends_on_id).where(D.c.job_id.in_(ids[i : i + CHUNK]))
+            select(D.c.job_id, D.c.depends_on_id).where(D.c.job_id.in_(part))
             .order_by(D.c.depends_on_id)
         ):
             deps[jid].append(up)

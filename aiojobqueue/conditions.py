@@ -28,7 +28,7 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as S
-from .release import CHUNK
+from .sql import chunks
 from .timeutil import db_now
 
 if TYPE_CHECKING:
@@ -46,10 +46,10 @@ async def soften(settler: Settler, conn: AsyncConnection, edges: dict[int, int])
     J = settler.db.t.jobs
     ids = sorted(edges)
     free: list[int] = []
-    for i in range(0, len(ids), CHUNK):
+    for part in chunks(ids):
         rows = (await conn.execute(settler.db.ops.for_update(
             select(J.c.id, J.c.kind, J.c.pending)
-            .where(J.c.id.in_(ids[i : i + CHUNK]), J.c.state == S.WAITING).order_by(J.c.id)
+            .where(J.c.id.in_(part), J.c.state == S.WAITING).order_by(J.c.id)
         ))).all()
         for r in rows:
             n = r.pending - edges[r.id]
@@ -72,9 +72,9 @@ async def unmet(db: Database, conn: AsyncConnection, rows: Sequence[Any]
         return []
     J = db.t.jobs
     out: list[tuple[int, str, int | None]] = []
-    for i in range(0, len(cand), CHUNK):
+    for part in chunks(cand):
         for r in await conn.execute(select(J.c.id, J.c.pending, J.c.parent_id).where(
-                J.c.id.in_(cand[i : i + CHUNK]), J.c.state == S.WAITING)):
+                J.c.id.in_(part), J.c.state == S.WAITING)):
             if r.pending == S.HOLD:
                 await conn.execute(update(J).where(J.c.id == r.id).values(
                     state=S.CANCELLED, error=UNMET, cancelled_by=r.id, finished_at=db_now(),

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as S
 from .database import Database
-from .release import CHUNK
+from .sql import chunks
 
 
 async def dependency_results(db: Database, conn: AsyncConnection, job_id: int) -> dict[int, Any]:
@@ -40,10 +40,10 @@ async def leaf_results(db: Database, conn: AsyncConnection, container: int) -> d
     boxes = [container]
     while boxes:
         level: list[int] = []
-        for i in range(0, len(boxes), CHUNK):
+        for part in chunks(boxes):
             rows = await conn.execute(
                 select(J.c.id, J.c.kind, J.c.result)
-                .where(J.c.parent_id.in_(boxes[i : i + CHUNK])).order_by(J.c.id)
+                .where(J.c.parent_id.in_(part)).order_by(J.c.id)
             )
             for r in rows:
                 if r.kind == S.CONTAINER:

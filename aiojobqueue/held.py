@@ -17,9 +17,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as S
 from .database import Database
-from .release import CHUNK
 from .settings import Settings
-from .sql import lit
+from .sql import chunks, lit
 from .timeutil import db_now, utcnow_plus
 
 if TYPE_CHECKING:
@@ -47,8 +46,8 @@ async def swap_in(db: Database, settings: Settings, conn: AsyncConnection,
     ids = sorted({i for i, _ in started} | {o.job_id for o in ending})
     lock = db.stmt("finish.swap_lock", lambda: db.ops.for_update(
         select(J.c.id).where(db.ops.in_ids_param(J.c.id, "ids")).order_by(J.c.id)))
-    for i in range(0, len(ids), CHUNK):
-        await conn.execute(lock, {"ids": ids[i : i + CHUNK]})
+    for part in chunks(ids):
+        await conn.execute(lock, {"ids": part})
     stmt = db.stmt("finish.swap_in", lambda: update(J).where(
         db.ops.in_ids_param(J.c.id, "ids"), J.c.state == lit(S.LEASED),
         J.c.attempts == bindparam("a"), J.c.lease_owner == bindparam("o"),
@@ -59,6 +58,6 @@ async def swap_in(db: Database, settings: Settings, conn: AsyncConnection,
         by[attempt].append(jid)
     for attempt, ids in sorted(by.items()):
         ids.sort()
-        for i in range(0, len(ids), CHUNK):
-            await conn.execute(stmt, {"ids": ids[i : i + CHUNK], "a": attempt,
+        for part in chunks(ids):
+            await conn.execute(stmt, {"ids": part, "a": attempt,
                                       "o": s.worker_id})

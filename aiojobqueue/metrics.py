@@ -52,7 +52,7 @@ from . import schema as S
 from .errors import ConfigurationError
 from .hooks import JobEvent
 from .logs import brief
-from .sql import in_state
+from .sql import chunks, in_state
 from .timeutil import utcnow_plus
 
 if TYPE_CHECKING:
@@ -72,7 +72,6 @@ BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 
 GAUGE_STATES = (S.READY, S.RUNNING, S.LEASED, S.SCHEDULED, S.WAITING)
 #: Started jobs' times are read in one batch at most this often (for the wait histogram).
 WAIT_EVERY = 1.0
-CHUNK = 1000
 
 
 def gauge_queries(tables: S.Tables) -> list[tuple[str, Any]]:
@@ -242,10 +241,10 @@ async def _waits(db: Database, conn: AsyncConnection, *, ids: list[int]
     its ``run_after`` and the finish of the last dependency of it or of its containers."""
     J, D = db.t.jobs, db.t.deps
     rows: list[Any] = []
-    for i in range(0, len(ids), CHUNK):
+    for part in chunks(ids):
         rows += (await conn.execute(
             select(J.c.id, J.c.type, J.c.started_at, J.c.run_after, J.c.parent_id)
-            .where(J.c.id.in_(ids[i : i + CHUNK]), J.c.started_at.is_not(None)))).all()
+            .where(J.c.id.in_(part), J.c.started_at.is_not(None)))).all()
     parent: dict[int, int | None] = {r.id: r.parent_id for r in rows}
     todo = {p for p in parent.values() if p is not None}
     while todo:  # the containers up the tree (most jobs have none: no query)
@@ -256,11 +255,11 @@ async def _waits(db: Database, conn: AsyncConnection, *, ids: list[int]
     last: dict[int, datetime] = {}
     nodes = sorted(parent)
     up = J.alias("up")
-    for i in range(0, len(nodes), CHUNK):
+    for part in chunks(nodes):
         for jid, at in await conn.execute(
                 select(D.c.job_id, func.max(up.c.finished_at))
                 .join(up, up.c.id == D.c.depends_on_id)
-                .where(D.c.job_id.in_(nodes[i : i + CHUNK])).group_by(D.c.job_id)):
+                .where(D.c.job_id.in_(part)).group_by(D.c.job_id)):
             if at is not None:
                 last[jid] = at
     out = []

@@ -17,13 +17,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from . import schema as S
 from .admin import now
 from .errors import InvalidJobError
+from .sql import CHUNK, chunks
 from .tags import delete_tags
 
 if TYPE_CHECKING:
     from .dialects.base import DialectOps
     from .queue import JobQueue
-
-CHUNK = 500
 
 
 _AGE = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h|d|w)", re.IGNORECASE)
@@ -121,8 +120,7 @@ async def _lock_trees(t: S.Tables, ops: DialectOps, conn: AsyncConnection, roots
     level, by_id = roots, True
     while level:
         nxt: list[int] = []
-        for i in range(0, len(level), CHUNK):
-            part = level[i : i + CHUNK]
+        for part in chunks(level):
             col = J.c.id if by_id else J.c.parent_id
             stmt = ops.for_update(
                 select(J.c.id, J.c.parent_id, J.c.state, J.c.finished_at)
@@ -145,8 +143,7 @@ async def _depended_on(t: S.Tables, conn: AsyncConnection, tree: dict[int, int])
     J, D = t.jobs, t.deps
     members = sorted(tree)
     bad: set[int] = set()
-    for i in range(0, len(members), CHUNK):
-        part = members[i : i + CHUNK]
+    for part in chunks(members):
         rows = await conn.execute(
             select(D.c.depends_on_id).join(J, J.c.id == D.c.job_id)
             .where(D.c.depends_on_id.in_(part), J.c.state.in_(S.LIVE))
@@ -160,8 +157,7 @@ async def _delete(t: S.Tables, conn: AsyncConnection, doomed: list[int], dry_run
     only); how many edges went."""
     J, D = t.jobs, t.deps
     edges = 0
-    for i in range(0, len(doomed), CHUNK):
-        part = doomed[i : i + CHUNK]
+    for part in chunks(doomed):
         if dry_run:
             edges += int((await conn.execute(
                 select(func.count()).select_from(D)

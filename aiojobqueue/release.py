@@ -14,10 +14,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as S
 from .database import Database
-from .sql import lit
+from .sql import CHUNK as CHUNK  # settle, finalize and actions import it from here
+from .sql import chunks, lit
 from .timeutil import db_now, utcnow_plus
 
-CHUNK = 1000
 #: how a statement matches a column against the id list it works on
 IdsMatch = Callable[[Any], Any]
 #: (id, kind, state, parent_id) of rows just unblocked, all locked by this transaction
@@ -115,16 +115,16 @@ async def release_locked(db: Database, conn: AsyncConnection, ids: Sequence[int]
     nothing. Returns (id, kind, state, parent_id) of the locked rows, as now."""
     J = db.t.jobs
     rows: list[Any] = []
-    for i in range(0, len(ids), CHUNK):
+    for part in chunks(ids):
         rows += (await conn.execute(db.ops.for_update(
             select(J.c.id, J.c.kind, J.c.pending, J.c.parent_id)
-            .where(J.c.id.in_(ids[i : i + CHUNK]), J.c.state == lit(S.WAITING))
+            .where(J.c.id.in_(part), J.c.state == lit(S.WAITING))
             .order_by(J.c.id)
         ))).all()
     free = [r.id for r in rows if r.pending <= 0]
-    for i in range(0, len(free), CHUNK):
+    for part in chunks(free):
         await conn.execute(
-            update(J).where(J.c.id.in_(free[i : i + CHUNK]), J.c.state == lit(S.WAITING))
+            update(J).where(J.c.id.in_(part), J.c.state == lit(S.WAITING))
             .values(**unblock(db, J.c.pending))
         )
     if any(r.pending <= 0 and r.kind == S.JOB for r in rows):
@@ -159,16 +159,16 @@ class ReturningWrites:
         if stmt is None:
             stmt = self.db.stmt("settle.drop_deps", lambda: drop_deps_stmt(self.db))
         rows: list[Any] = []
-        for i in range(0, len(done), CHUNK):
-            rows += (await conn.execute(stmt, {"ids": done[i : i + CHUNK]})).all()
+        for part in chunks(done):
+            rows += (await conn.execute(stmt, {"ids": part})).all()
         return rows
 
     async def drop_kids(self, conn: AsyncConnection, boxes: Sequence[int]) -> Unblocked:
         """Children of the just activated containers ``boxes`` stop waiting on them."""
         stmt = self.db.stmt("settle.drop_kids", lambda: drop_kids_stmt(self.db))
         rows: list[Any] = []
-        for i in range(0, len(boxes), CHUNK):
-            rows += (await conn.execute(stmt, {"ids": boxes[i : i + CHUNK]})).all()
+        for part in chunks(boxes):
+            rows += (await conn.execute(stmt, {"ids": part})).all()
         return rows
 
 
@@ -189,12 +189,12 @@ class LockedWrites:
         db = self.db
         J, D = db.t.jobs, db.t.deps
         counts: dict[int, int] = defaultdict(int)
-        for i in range(0, len(done), CHUNK):
+        for part in chunks(done):
             # No GROUP BY: counted here. Grouped, PostgreSQL's generic plan walks the whole
             # deps primary key when the table is skewed (many jobs waiting on one upstream).
             edges = await conn.execute(
                 select(D.c.job_id)
-                .where(db.ops.in_ids(D.c.depends_on_id, done[i : i + CHUNK]))
+                .where(db.ops.in_ids(D.c.depends_on_id, part))
             )
             for (jid,) in edges:
                 counts[jid] += 1
@@ -205,9 +205,9 @@ class LockedWrites:
             by_n[n].append(jid)
         for n, ids in by_n.items():
             ids.sort()
-            for i in range(0, len(ids), CHUNK):
+            for part in chunks(ids):
                 await conn.execute(
-                    update(J).where(J.c.id.in_(ids[i : i + CHUNK]), J.c.state == lit(S.WAITING))
+                    update(J).where(J.c.id.in_(part), J.c.state == lit(S.WAITING))
                     .values(pending=J.c.pending - n)
                 )
         return await release_locked(db, conn, sorted(counts))
@@ -220,9 +220,9 @@ class LockedWrites:
                                  J.c.pending >= S.CREDIT).order_by(J.c.id)
         ))
         ids = sorted(r[0] for r in kids)
-        for i in range(0, len(ids), CHUNK):
+        for part in chunks(ids):
             await conn.execute(
-                update(J).where(J.c.id.in_(ids[i : i + CHUNK]))
+                update(J).where(J.c.id.in_(part))
                 .values(pending=J.c.pending - S.CREDIT)
             )
         return await release_locked(db, conn, ids)

@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, TypeVar
 
 from sqlalchemy import Integer, bindparam, literal_column, select
+
+T = TypeVar("T")
+
+#: The most ids one statement names (an IN list, an expanding bind, ``= ANY(:ids)``). Far
+#: under every driver's limit on bound parameters (SQLite 32,766, MySQL 65,535, asyncpg
+#: 32,767), and small enough that one statement's row locks are released in one short step.
+CHUNK = 1000
+
+
+def chunks(ids: Sequence[T]) -> Iterator[Sequence[T]]:
+    """``ids`` in consecutive slices of at most ``CHUNK``: one statement each."""
+    for i in range(0, len(ids), CHUNK):
+        yield ids[i : i + CHUNK]
 
 
 def lit(state: str) -> Any:

@@ -31,7 +31,7 @@ from sqlalchemy import and_, delete, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as S
-from .sql import lit
+from .sql import chunks, lit
 from .tags import delete_tags
 from .timeutil import db_now
 
@@ -40,8 +40,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("aiojobqueue.retention")
 
-#: Ids per IN list.
-CHUNK = 500
 #: A component walk stops (and keeps what it has not finished walking) past this many jobs.
 CAP = 20_000
 #: The most jobs deleted in one transaction (a larger DAG alone is one transaction): small,
@@ -134,17 +132,16 @@ async def components(db: Database, conn: AsyncConnection, *, seeds: list[int]) -
         ids = sorted(frontier)
         frontier = set()
         ends: list[int] = []  # terminal: walked on from
-        for i in range(0, len(ids), CHUNK):
+        for part in chunks(ids):
             for r in await conn.execute(select(
                     J.c.id, J.c.parent_id, J.c.state, J.c.finished_at)
-                    .where(J.c.id.in_(ids[i:i + CHUNK]))):
+                    .where(J.c.id.in_(part))):
                 rows[r.id] = r
                 find(r.id)
                 if r.state in S.TERMINAL:
                     ends.append(r.id)
         links = [(r, rows[r].parent_id) for r in ends if rows[r].parent_id is not None]
-        for i in range(0, len(ends), CHUNK):
-            part = ends[i:i + CHUNK]
+        for part in chunks(ends):
             links += [(a, b) for a, b in await conn.execute(
                 select(J.c.id, J.c.parent_id).where(J.c.parent_id.in_(part)))]
             links += [(a, b) for a, b in await conn.execute(
@@ -199,8 +196,7 @@ async def _delete(db: Database, conn: AsyncConnection, *, comps: list[Component]
     ids = sorted(owner)
     bad: set[int] = set()
     locked: set[int] = set()
-    for i in range(0, len(ids), CHUNK):
-        part = ids[i:i + CHUNK]
+    for part in chunks(ids):
         for r in await conn.execute(db.ops.for_update(
                 select(J.c.id, J.c.state, J.c.finished_at).where(J.c.id.in_(part))
                 .order_by(J.c.id))):
@@ -218,8 +214,7 @@ async def _delete(db: Database, conn: AsyncConnection, *, comps: list[Component]
             if cid not in owner:
                 bad.add(owner[pid])
     doomed = [i for i in ids if owner[i] not in bad and i in locked]
-    for i in range(0, len(doomed), CHUNK):
-        part = doomed[i:i + CHUNK]
+    for part in chunks(doomed):
         await conn.execute(delete(D).where(D.c.job_id.in_(part)))
         await conn.execute(delete(D).where(D.c.depends_on_id.in_(part)))
         await delete_tags(conn, db.t.tags, part)

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as S
 from .errors import InvalidJobError, InvalidStateError, JobNotFoundError
+from .sql import chunks
 
 if TYPE_CHECKING:
     from .queue import JobQueue
@@ -27,9 +28,7 @@ if TYPE_CHECKING:
 MAX_LEN = 100
 #: The most tags on one job: a tag is a label, not a document.
 MAX_TAGS = 20
-#: Ids per statement (IN lists) when reading or deleting tags.
-CHUNK = 500
-#: The most jobs one bulk action by tag changes (call it again for more).
+#: The most jobs one bulk action changes, by tag or from the dashboard (call it again for more).
 BULK_MAX = 10_000
 
 
@@ -63,17 +62,17 @@ def check_tag(tag: Any) -> str:
 
 async def insert_tags(conn: AsyncConnection, T: Table, pairs: Sequence[tuple[int, str]]) -> None:
     """Write (job_id, tag) pairs (inside the jobs' insert transaction)."""
-    for i in range(0, len(pairs), 5 * CHUNK):
-        await conn.execute(insert(T), [{"job_id": j, "tag": t} for j, t in pairs[i:i + 5 * CHUNK]])
+    for part in chunks(pairs):
+        await conn.execute(insert(T), [{"job_id": j, "tag": t} for j, t in part])
 
 
 async def tags_of(conn: AsyncConnection, T: Table, ids: Sequence[int]
                   ) -> dict[int, tuple[str, ...]]:
     """The tags of each job of ``ids`` (a job without tags is absent), sorted."""
     out: dict[int, list[str]] = defaultdict(list)
-    for i in range(0, len(ids), CHUNK):
+    for part in chunks(ids):
         rows = await conn.execute(
-            select(T.c.job_id, T.c.tag).where(T.c.job_id.in_(ids[i:i + CHUNK]))
+            select(T.c.job_id, T.c.tag).where(T.c.job_id.in_(part))
             .order_by(T.c.job_id, T.c.tag))
         for jid, tag in rows:
             out[jid].append(tag)
@@ -83,8 +82,8 @@ async def tags_of(conn: AsyncConnection, T: Table, ids: Sequence[int]
 async def delete_tags(conn: AsyncConnection, T: Table, ids: Sequence[int]) -> int:
     """Delete the tags of jobs being deleted; returns how many rows went."""
     n = 0
-    for i in range(0, len(ids), CHUNK):
-        n += int((await conn.execute(delete(T).where(T.c.job_id.in_(ids[i:i + CHUNK])))).rowcount)
+    for part in chunks(ids):
+        n += int((await conn.execute(delete(T).where(T.c.job_id.in_(part)))).rowcount)
     return n
 
 
@@ -108,9 +107,9 @@ async def tagged_ids(conn: AsyncConnection, J: Table, T: Table, tag: str,
                                      J.c.finished_at.is_not(None), *cond).limit(PROBE))]
         if len(few) < PROBE:
             hits: list[int] = []
-            for i in range(0, len(few), CHUNK):
+            for part in chunks(few):
                 hits += [int(r[0]) for r in await conn.execute(select(T.c.job_id).where(
-                    T.c.tag == tag, T.c.job_id.in_(few[i:i + CHUNK])))]
+                    T.c.tag == tag, T.c.job_id.in_(part)))]
             return sorted(hits, reverse=True)[:limit]
     rows = await conn.execute(
         select(T.c.job_id).select_from(T).join(J, J.c.id == T.c.job_id)

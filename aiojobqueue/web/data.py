@@ -22,14 +22,13 @@ from ..explain import explain
 from ..models import JobState
 from ..snapshot import to_job
 from ..stored_policy import VERSION_KEY
-from ..tags import tagged_ids
+from ..tags import BULK_MAX, tagged_ids
 from ..timeutil import db_now
 from . import views as V
 from .dagreads import DagReads, group_states
 from .overview import OverviewReads
 from .reader import error_line, first_row, types_of
 from .views import (
-    BULK_MAX,
     CANCELLABLE,
     DAG_DRAW,
     LEAF_COUNTED,

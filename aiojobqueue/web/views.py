@@ -37,8 +37,6 @@ DAG_FETCH = 2_000
 DAG_DRAW = 500
 #: Children of one container drawn at most; the rest become one summary box.
 DAG_CHILDREN = 60
-#: Jobs one bulk action changes at most (the confirmation page says so).
-BULK_MAX = 10_000
 #: Workers seen within this many seconds count as live.
 LIVE_WORKER = 60.0
 
