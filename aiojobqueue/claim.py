@@ -37,12 +37,12 @@ from .slots import Slots
 from .sql import lit
 from .timeutil import db_now
 
-#: At most one promotion sweep per this many seconds per worker (capped by poll_interval):
-#: a busy worker claims hundreds of times a second, but a due retry can wait a tick.
-PROMOTE_EVERY = 0.1
-#: How long a census that found a single group with runnable jobs is trusted (then two
-#: index probes renew it where no other group has ready jobs: Claimer._still_alone).
-GROUPS_EVERY = 0.1
+#: A busy worker claims hundreds of times a second; what changes between its claims only
+#: slowly it looks at again at most this often (capped by poll_interval): due retries and
+#: snoozed jobs (the promotion sweep), and a census that found a single group with runnable
+#: jobs (then two index probes renew it where no other group has ready jobs:
+#: Claimer._still_alone). A due job or a new group waits at most this long.
+LOOK_EVERY = 0.1
 #: A fair pick (lease.fair_pick_stmt) reads this many groups more than the last complete
 #: read found (or than it has slots to fill, if more): a few new groups keep it complete.
 FAIR_SLACK = 8
@@ -87,23 +87,23 @@ class Claimer:
 
     def _promotion_due(self, now: float, quick: bool) -> bool:
         poll = self.settings.poll_interval
-        every = poll if quick else min(PROMOTE_EVERY, poll)
+        every = poll if quick else min(LOOK_EVERY, poll)
         return now - self.promoted_at >= every
 
     @staticmethod
     def census_trusted() -> float:
-        """How long a census that found one group alone is trusted: GROUPS_EVERY (read at
+        """How long a census that found one group alone is trusted: LOOK_EVERY (read at
         the call, so a test may set it)."""
-        return GROUPS_EVERY
+        return LOOK_EVERY
 
     def _known_group(self, now: float, quick: bool) -> str | None:
         """The one group with runnable jobs, if a recent census found just one and fair
         share has nothing to split (no group caps): claims may skip the census for a moment.
-        A new group is seen within GROUPS_EVERY, or at once when the known one runs dry."""
+        A new group is seen within LOOK_EVERY, or at once when the known one runs dry."""
         if self.single_group is None or self.live.per_group:
             return None
         poll = self.settings.poll_interval
-        window = poll if quick else min(GROUPS_EVERY, poll)
+        window = poll if quick else min(LOOK_EVERY, poll)
         return self.single_group if now - self.groups_at < window else None
 
     def lease_ask(self, want: int, types: list[str], quick: bool) -> LeaseAsk | None:
@@ -136,7 +136,7 @@ class Claimer:
 
         ``quick``: an idle worker was just woken (a job was enqueued or released): go
         straight for it. The promotion sweep and the census then run at most once per
-        ``poll_interval`` (a tick) instead of every PROMOTE_EVERY / GROUPS_EVERY.
+        ``poll_interval`` (a tick) instead of every LOOK_EVERY / LOOK_EVERY.
         ``freed``: the jobs (by group) that a finalize earlier in this same transaction
         took out of ``running``; under a cap their slots may be handed over (Slots._handover).
         ``hold``: with a hand-over, also lease jobs ahead into ``leased`` (Slots.take_over)."""

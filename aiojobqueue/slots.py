@@ -90,7 +90,7 @@ class Slots:
         leases no more than it finished, so, where the known group is capped, only when
         every one of them is of that group; else None. It promotes nothing: a due
         ``scheduled`` job waits for the first claim after the hand-over's window (the
-        census's, GROUPS_EVERY), which promotes before it counts."""
+        census's, LOOK_EVERY), which promotes before it counts."""
         live = self.c.live
         types = live.types(types)
         if want <= 0 or not types or not live.needs_gate:
@@ -102,9 +102,9 @@ class Slots:
 
     def handover_stale(self, now: float, quick: bool) -> bool:
         """A group was known to be the only one with runnable jobs, but that census is
-        older than the hand-over trusts: GROUPS_EVERY even where poll_interval is shorter
+        older than the hand-over trusts: LOOK_EVERY even where poll_interval is shorter
         (under a cap a round comes about once per job length, and a group that gets work
-        meanwhile is still seen within GROUPS_EVERY: the census runs at the first claim
+        meanwhile is still seen within LOOK_EVERY: the census runs at the first claim
         after it). still_one_group renews it."""
         trust = self.c.census_trusted()
         window = max(trust, self.c.settings.poll_interval) if quick else trust

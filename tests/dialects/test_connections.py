@@ -249,13 +249,27 @@ async def run_fleet(t: Target, prefix: str, tmp: Path, *, procs: int, capacity: 
                 done, left = await producer._read(lambda c: _counts(c, J))
                 if done >= total and not left:  # (a re-run attempt may enqueue again)
                     break
-                assert time.monotonic() - t0 < 120, f"{done}/{total} done\n{fleet.logs()}"
+                if time.monotonic() - t0 >= 120:  # say where the rest are, and why
+                    rest = await producer._read(lambda c: _not_done(c, J))
+                    raise AssertionError(f"{done}/{total} done; not done: {rest}\n"
+                                         f"{fleet.logs()}")
                 assert all(p.poll() is None for p in fleet.procs), fleet.logs()
                 await asyncio.sleep(0.05)
             took = time.monotonic() - t0
         finally:
             fleet.stop()
     return peak, took, fleet.logs()
+
+
+async def _not_done(conn: Any, J: Any) -> list[tuple[Any, ...]]:
+    """(id, state, attempts, last error) of each job not done: why a drain did not end."""
+    from sqlalchemy import select
+
+    from aiojobqueue import JobState
+
+    rows = await conn.execute(select(J.c.id, J.c.state, J.c.attempts, J.c.error)
+                              .where(J.c.state != JobState.DONE).order_by(J.c.id).limit(20))
+    return [tuple(r) for r in rows]
 
 
 async def _counts(conn: Any, J: Any) -> tuple[int, int]:

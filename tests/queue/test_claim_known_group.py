@@ -1,4 +1,4 @@
-"""A worker trusts the one group a census found alone for GROUPS_EVERY; when that window
+"""A worker trusts the one group a census found alone for LOOK_EVERY; when that window
 runs out, two index probes (census.others_query) say whether another group has ready jobs,
 and only then does the claim read the census. On MariaDB a census reads the whole backlog
 of the first group (no loose index scan there): a fleet of 8 busy processes spent most of
@@ -26,7 +26,7 @@ def census_read(stmt: str) -> bool:
 async def test_a_lapsed_single_group_is_renewed_without_a_census(
     make_queue: Callable[..., JobQueue], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(claim_mod, "GROUPS_EVERY", 0.0)  # every window has run out
+    monkeypatch.setattr(claim_mod, "LOOK_EVERY", 0.0)  # every window has run out
     q = make_queue(poll_interval=30.0)
 
     @q.handler("t")
@@ -65,7 +65,7 @@ async def test_the_probes_never_stand_in_for_a_census_under_group_limits(
     make_queue: Callable[..., JobQueue], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """With group caps the census counts what each group runs: it is never skipped."""
-    monkeypatch.setattr(claim_mod, "GROUPS_EVERY", 0.0)
+    monkeypatch.setattr(claim_mod, "LOOK_EVERY", 0.0)
     q = make_queue(poll_interval=30.0, group_limits={"a": 2})
 
     @q.handler("t")

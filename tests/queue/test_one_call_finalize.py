@@ -318,8 +318,7 @@ def steady_queue(make_queue: Callable[..., JobQueue],
                  monkeypatch: pytest.MonkeyPatch) -> JobQueue:
     """A queue whose promotion sweep and group census are never due during a test, so every
     claim that may ride along with a finalize call does."""
-    monkeypatch.setattr(claim_mod, "PROMOTE_EVERY", 60.0)
-    monkeypatch.setattr(claim_mod, "GROUPS_EVERY", 60.0)
+    monkeypatch.setattr(claim_mod, "LOOK_EVERY", 60.0)
     return make_queue(poll_interval=60.0)
 
 

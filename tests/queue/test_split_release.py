@@ -34,8 +34,7 @@ WIDE = 40
 def steady(monkeypatch: pytest.MonkeyPatch) -> None:
     """No promotion sweep or group census due during a test (with poll_interval=60), so the
     finalize of the head always leases along: the case where its release is split."""
-    monkeypatch.setattr(claim_mod, "PROMOTE_EVERY", 60.0)
-    monkeypatch.setattr(claim_mod, "GROUPS_EVERY", 60.0)
+    monkeypatch.setattr(claim_mod, "LOOK_EVERY", 60.0)
 
 
 def split_queue(make_queue: Callable[..., JobQueue], monkeypatch: pytest.MonkeyPatch,
