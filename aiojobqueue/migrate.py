@@ -1,22 +1,19 @@
-"""Create or upgrade the schema in place, safely when several workers start at once."""
+"""Create or upgrade the schema in place, safely when several workers start at once. The
+one-call finalize routines are installed by finalize_routines.py."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select, text, update
 from sqlalchemy.exc import DBAPIError
 
-from . import fanout
 from .database import Database
 from .errors import SchemaError
-from .finalize import plain_stmt
-from .lease import lease_values, pick_and_lease_stmt
-from .release import drop_deps_stmt, drop_kids_stmt, drop_one_stmt
+from .finalize_routines import Routines as Routines  # core.py imports these from here
+from .finalize_routines import install_routines as install_routines
 from .schema import (
     ACTIVE,
     CONTAINER,
@@ -27,8 +24,6 @@ from .schema import (
     running_indexes,
     v2_indexes,
 )
-
-log = logging.getLogger("aiojobqueue.migrate")
 
 
 async def current_version(db: Database) -> int | None:
@@ -345,30 +340,8 @@ async def _v9_to_v10_jobs(db: Database) -> None:
                 await conn.execute(text(f"DROP INDEX {old} ON {J.name}"))
 
 
-@dataclass(frozen=True)
-class Routines:
-    """The calls of the dialect's one-call finalize routines (see finalize.py, fanout.py)."""
-
-    finish: Any
-    release: Any
-    rest: Any
-
-
-def routine_spec(db: Database) -> tuple[str, list[str]] | None:
-    """(name, DDL) of the dialect's one-call finalize routines, built from the very
-    statements the general path runs; None where the dialect has none."""
-    return db.ops.settle_routine(
-        lambda ids, a, o, r: plain_stmt(db, False, ids, a, o, r),
-        lambda ids: drop_deps_stmt(db, ids, wake=False),
-        lambda ids: drop_kids_stmt(db, ids, wake=False),
-        lambda g, n, of_types, owner, ttl: pick_and_lease_stmt(
-            db, g, n, of_types, lease_values(db.t, ttl, owner)),
-        lambda ids: drop_one_stmt(db, ids), fanout.SPLIT, fanout.PART,
-    )
-
-
 async def _v9_to_v10_ops_schedules(db: Database) -> None:
-    """v10: the ``schedules`` table (schema.schedule_table). Each schedule's high-water mark
+    """v10: the ``schedules`` table (side_tables.schedule_table). Each schedule's high-water mark
     moves from its ``cron:<name>`` meta row to its row there, so no slot is enqueued again
     after the upgrade; the spec columns stay empty until a worker declares the schedule.
     Idempotent: the table is created only if missing, a row only where none exists."""
@@ -381,29 +354,3 @@ async def _v9_to_v10_ops_schedules(db: Database) -> None:
         rows = [{"name": n[5:], "last_slot": v} for n, v in marks if 0 < len(n) - 5 <= 50]
         if rows:
             await db.ops.insert_ignore(conn, T, rows)
-
-
-async def install_routines(db: Database, create: bool) -> Routines | None:
-    """The calls of the dialect's one-call finalize routines (see
-    finalize.Finalizer.finish_in_one_call), creating them if they are missing and
-    ``create``; None where the dialect has none, or they are missing and may not be created
-    (the long path and its plain statements are used then: the same effect, more round
-    trips). Their names carry a digest of their text, so an aiojobqueue whose statements
-    changed installs (and uses) its own."""
-    spec = routine_spec(db)
-    if spec is None:
-        return None
-    name, ddl = spec
-    async with db.engine.connect() as conn:
-        there = await db.ops.routine_exists(conn, name)
-    if not there and not create:
-        log.info("the routine %s is missing (run `aiojobqueue migrate`): finalizing jobs "
-                 "that others depend on takes more round trips", name)
-        return None
-    if not there:
-        async with db.engine.begin() as conn:
-            await db.ops.lock_gate(conn)  # one process creates them; the others then see them
-            if not await db.ops.routine_exists(conn, name):
-                for statement in ddl:
-                    await conn.exec_driver_sql(statement)
-    return Routines(*db.ops.settle_calls(name))

@@ -1,4 +1,5 @@
-"""Tables, the table prefix, and the schema version.
+"""Tables, the table prefix, and the schema version: the ``jobs`` table and its indexes here,
+the tables beside it in side_tables.py.
 
 Job states (see the README for the diagram):
 
@@ -36,6 +37,7 @@ from sqlalchemy import (
 from .dialects.columns import Id as _Id
 from .dialects.columns import Json as _Json
 from .dialects.columns import UTCDateTime, builds_partial, drop_routines_with, partial_where
+from .side_tables import schedule_table, side_tables, worker_tables
 
 SCHEMA_VERSION = 10
 #: What a container not yet active adds to its children's ``pending`` (v3; was 1): larger
@@ -202,8 +204,8 @@ def build_tables(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
     """Build the schema under ``prefix`` (into ``metadata`` if given, e.g. an Alembic one)."""
     md = metadata if metadata is not None else MetaData()
     jobs = jobs_table(prefix, md)
-    deps, meta, groups, workers, rate = _worker_tables(prefix, md)
-    releases, policy, tags, sweeps = _side_tables(prefix, md)
+    deps, meta, groups, workers, rate = worker_tables(prefix, md)
+    releases, policy, tags, sweeps = side_tables(prefix, md)
     schedules = schedule_table(prefix, md)
     return Tables(md, jobs, deps, meta, groups, workers, rate, releases, policy, schedules,
                   tags, sweeps)
@@ -283,129 +285,6 @@ def jobs_table(p: str, md: MetaData) -> Table:
           **_partial(READY))
     drop_routines_with(jobs)
     return jobs
-
-
-def _worker_tables(p: str, md: MetaData) -> tuple[Table, Table, Table, Table, Table]:
-    """The dependency edges, the meta rows, the groups, the workers and the rate ledger."""
-    deps = Table(
-        f"{p}deps",
-        md,
-        Column("job_id", _Id, primary_key=True),
-        Column("depends_on_id", _Id, primary_key=True),
-        Index(f"{p}ix_deps_up", "depends_on_id"),
-    )
-    meta = Table(
-        f"{p}meta",
-        md,
-        Column("name", String(64), primary_key=True),
-        Column("value", String(255), nullable=False),
-    )
-    groups = Table(
-        f"{p}groups",
-        md,
-        Column("group_key", String(200), primary_key=True),
-    )
-    workers = Table(
-        f"{p}workers",
-        md,
-        Column("id", String(64), primary_key=True),
-        Column("host", String(255), nullable=False),
-        Column("pid", Integer, nullable=False),
-        Column("started_at", UTCDateTime, nullable=False),
-        Column("last_seen", UTCDateTime, nullable=False),
-        Column("running", Integer, nullable=False, server_default="0"),
-        # v6: the job types the worker serves, its capacity and the caps it enforces
-        # (concurrency, group limits, rate limits), for explain() and status
-        Column("types", _Json),
-        Column("capacity", Integer),
-        Column("config", _Json),
-    )
-    rate = Table(
-        f"{p}rate",
-        md,
-        Column("id", _Id, primary_key=True, autoincrement=True),
-        Column("name", String(100), nullable=False),
-        Column("at", UTCDateTime, nullable=False),
-        # v8: the starts one claim recorded (one row per claim, not per start); a server
-        # default, so a row written without it (v7) counts one, as it did then
-        Column("starts", Integer, nullable=False, server_default="1"),
-        # v8: with `starts`, the budget's SUM over a window is a range of this index alone
-        # (v7: name, at; InnoDB then read each row's clustered record for it)
-        Index(f"{p}ix_rate", "name", "at", "starts"),
-    )
-    return deps, meta, groups, workers, rate
-
-
-def _side_tables(p: str, md: MetaData) -> tuple[Table, Table, Table, Table]:
-    """The split releases (v5), the policy, the tags and the sweeps (v10)."""
-    # v5: the dependents of a finished job whose release was split off its finalize (the
-    # PostgreSQL routine releases the first of a large fan-out in the finalizing call and the
-    # rest in a call of its own right after; see fanout.py). A row lives
-    # for milliseconds; one left by a worker that died is finished by any other.
-    releases = Table(
-        f"{p}releases",
-        md,
-        Column("id", _Id, primary_key=True, autoincrement=True),
-        Column("job_id", _Id, nullable=False),  # the finished job
-        Column("ids", _Json, nullable=False),  # a part of its dependents still to release
-        Column("created_at", UTCDateTime, nullable=False),
-    )
-    # v10: the policy (caps, weights, rates, pauses) as rows; see stored_policy.py
-    policy = Table(
-        f"{p}policy",
-        md,
-        Column("scope", String(10), primary_key=True),  # queue | group | type
-        Column("name", String(200), primary_key=True),  # "" for the queue; "*": default
-        Column("weight", Integer),
-        Column("cap", Integer),
-        Column("rate_n", Integer),
-        Column("rate_per", Float),
-        Column("paused", Boolean, nullable=False, server_default=false()),
-    )
-
-    # v10: a job's tags; (tag, job_id) serves a tag filter as one index range, newest first
-    tags = Table(
-        f"{p}tags",
-        md,
-        Column("job_id", _Id, primary_key=True),
-        Column("tag", String(100), primary_key=True),
-        Index(f"{p}ix_tags_tag", "tag", "job_id"),
-    )
-    # v10: one row per sweep kind ("retention"): its lease (one sweeper at a time, replaced
-    # once the lease expires), the retention in force and what the last sweep did
-    sweeps = Table(
-        f"{p}sweeps",
-        md,
-        Column("name", String(32), primary_key=True),
-        Column("lease_owner", String(64)),
-        Column("lease_expires", UTCDateTime),
-        Column("policy", _Json),
-        Column("last_started", UTCDateTime),
-        Column("last_finished", UTCDateTime),
-        Column("last_deleted", Integer, nullable=False, server_default="0"),
-        Column("total_deleted", _Id, nullable=False, server_default="0"),
-    )
-    return releases, policy, tags, sweeps
-
-
-def schedule_table(p: str, md: MetaData) -> Table:
-    """v10: one row per periodic schedule (aiojobqueue.schedules): its spec as last declared
-    by a worker's code, whether an operator paused it, and the last slot enqueued (a fixed-
-    width UTC ISO string, compared as text; it was the ``cron:<name>`` meta row before)."""
-    return Table(
-        f"{p}schedules",
-        md,
-        Column("name", String(50), primary_key=True),
-        Column("type", String(200), nullable=False, server_default=""),  # "": never declared
-        Column("cron", String(120)),
-        Column("every", Float),
-        Column("tz", String(64)),
-        Column("args", _Json),
-        Column("options", _Json),
-        Column("paused", Boolean, nullable=False, server_default=false()),
-        Column("last_slot", String(32), nullable=False, server_default=""),
-        Column("declared_at", UTCDateTime),
-    )
 
 
 _default = build_tables()

@@ -17,7 +17,8 @@ It shares everything with ``JobQueue`` rather than being a second implementation
   SyncQueue's own sync engine (the flow of ``Inserter.insert``); syncinsert.py holds
   those engines and both flows. No
   hand-over to the loop's thread and back: measured, that cost 25-45% of the enqueue rate
-  (bench/sync_enqueue.py has the figures of the design kept).
+  (bench/sync_enqueue.py has the figures of the design kept). A batch is a ``SyncBatch``
+  (syncbatch.py).
 * A forked child (gunicorn, multiprocessing) starts afresh on its first call: the loop's
   thread does not survive a fork, and the pooled connections stay the parent's.
 """
@@ -54,7 +55,7 @@ from .queue import JobQueue
 from .schedules import ScheduleInfo
 from .settings import DEFAULT_POOL_SIZE
 from .stored_policy import UNSET, Policy, Unset
-from .syncbridge import drive
+from .syncbatch import SyncBatch as SyncBatch  # aiojobqueue imports it from here
 from .syncinsert import SyncInserts
 
 T = TypeVar("T")
@@ -331,70 +332,6 @@ class SyncQueue:
     def trigger_schedule(self, name: str) -> int:
         """Enqueue one job of the schedule now; its id."""
         return self._run(self._queue.trigger_schedule(name))
-
-
-class SyncBatch:
-    """``Batch`` for synchronous code: the same ``add`` and ``container`` (the same checks),
-    inserted by ``commit()`` or on leaving ``with``."""
-
-    def __init__(self, batch: Batch) -> None:
-        self._batch = batch
-
-    def add(
-        self,
-        type: str | Handler[..., Any],
-        args: dict[str, Any] | None = None,
-        *,
-        group: str | None = None,
-        weight: int | None = None,
-        depends_on: Iterable[JobRef | int] = (),
-        run_after: timedelta | datetime | float | None = None,
-        priority: int = 0,
-        timeout: float | None = None,
-        max_attempts: int | None = None,
-        key: str | None = None,
-        parent: JobRef | int | None = None,
-        when: str = "done",
-        tags: Iterable[str] | None = None,
-    ) -> JobRef:
-        """Add a job (see ``Batch.add``; ``when``: its run condition)."""
-        return self._batch.add(
-            type, args, group=group, weight=weight, depends_on=depends_on,
-            run_after=run_after, priority=priority, timeout=timeout,
-            max_attempts=max_attempts, key=key, parent=parent, when=when, tags=tags)
-
-    def container(
-        self,
-        type: str,
-        *,
-        group: str | None = None,
-        weight: int | None = None,
-        depends_on: Iterable[JobRef | int] = (),
-        priority: int = 0,
-        key: str | None = None,
-        parent: JobRef | int | None = None,
-    ) -> JobRef:
-        """Add a container (see ``Batch.container``)."""
-        return self._batch.container(type, group=group, weight=weight, depends_on=depends_on,
-                                     priority=priority, key=key, parent=parent)
-
-    def external(self, type: str = "external", args: dict[str, Any] | None = None,
-                 **options: Any) -> JobRef:
-        """Add an external step (see ``Batch.external``)."""
-        return self._batch.external(type, args, **options)
-
-    def commit(self) -> list[int]:
-        """Insert everything added so far (called on leaving ``with``); the ids in order."""
-        return drive(self._batch.commit())
-
-    def __enter__(self) -> SyncBatch:
-        return self
-
-    def __exit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if et is None:
-            self.commit()
 
 
 def _url_of(url_or_engine: str | URL | Engine | AsyncEngine) -> str:

@@ -20,8 +20,8 @@ import aiojobqueue.claim as claim_mod
 from aiojobqueue import JobQueue, JobState
 from aiojobqueue.claimed import Claimed
 from aiojobqueue.finalize import Outcome
+from aiojobqueue.finalize_routines import routine_spec
 from aiojobqueue.lease import PickThenLease
-from aiojobqueue.migrate import routine_spec
 from aiojobqueue.release import LockedWrites, drop_deps_stmt, drop_one_stmt
 from aiojobqueue.settle import Settler
 

@@ -11,7 +11,7 @@ from conftest import eventually
 from finalizekit import serving
 
 from aiojobqueue import JobContext, JobQueue, RateLimit
-from aiojobqueue.explain import CODES
+from aiojobqueue.explanation import CODES
 from aiojobqueue.fleet import GroupAtCap, groups_at_cap
 
 

@@ -16,7 +16,7 @@ from finalizekit import serving
 from sqlalchemy import insert, select, text, update
 
 from aiojobqueue import Explanation, JobContext, JobNotFoundError, JobQueue, Limit, RateLimit
-from aiojobqueue.explain import CODES
+from aiojobqueue.explanation import CODES
 from aiojobqueue.fleet import GroupAtCap, groups_at_cap, notes, unserved_types
 from aiojobqueue.schema import SCHEMA_VERSION
 
