@@ -43,7 +43,7 @@ from .timeutil import db_now
 #: jobs (then two index probes renew it where no other group has ready jobs:
 #: Claimer._still_alone). A due job or a new group waits at most this long.
 LOOK_EVERY = 0.1
-#: A fair pick (lease.fair_pick_stmt) reads this many groups more than the last complete
+#: A fair pick (lease_stmts.fair_pick_stmt) reads this many groups more than the last complete
 #: read found (or than it has slots to fill, if more): a few new groups keep it complete.
 FAIR_SLACK = 8
 #: ... and at least this many (plus FAIR_SLACK), or twice the slots it fills if more

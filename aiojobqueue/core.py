@@ -21,10 +21,11 @@ from .database import Database
 from .dialects.urls import dialect_for, open_engine
 from .fanout import SplitReleases
 from .finalize import Finalizer
+from .finalize_routines import install_routines
 from .hooks import Hooks
 from .insert import Inserter
 from .live_policy import declare
-from .migrate import check, install_routines, upgrade
+from .migrate import check, upgrade
 from .release import LockedWrites, ReturningWrites
 from .schema import Tables
 from .settings import Settings
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 
     from .batch import Batch
     from .executor import HandlerSpec, JobContext
-    from .migrate import Routines
+    from .finalize_routines import Routines
     from .periodic import Clock, Schedule
 
 

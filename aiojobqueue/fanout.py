@@ -24,7 +24,7 @@ server-side routine (PostgreSQL, ``dialects/postgresql/``), that call splits the
 
 The routines are built by ``dialects/postgresql/routines.py`` (``settle_routine``) from the
 bodies ``finish.sql`` (the in-line split: ``split.sql``) and ``rest.sql`` beside it, and
-installed by ``migrate.install_routines``; their split parameters are SPLIT and PART below
+installed by ``finalize_routines.install_routines``; their split parameters are SPLIT and PART below
 (tests lower SPLIT to split small fan-outs).
 """
 

@@ -12,8 +12,6 @@ from sqlalchemy.exc import DBAPIError
 
 from .database import Database
 from .errors import SchemaError
-from .finalize_routines import Routines as Routines  # core.py imports these from here
-from .finalize_routines import install_routines as install_routines
 from .schema import (
     ACTIVE,
     CONTAINER,

@@ -204,7 +204,7 @@ class DialectOps(InsertHooks, ABC):
 
     def fair_pick_sql(self, with_after: bool) -> str | None:
         """Where the dialect can, the SELECT of (id, running, complete, nseen) that does a
-        claim's census, fair share split and picks in one statement (lease.fair_pick_stmt:
+        claim's census, fair share split and picks in one statement (lease_stmts.fair_pick_stmt:
         the ready jobs to lease, FOR UPDATE SKIP LOCKED; ``running``: what the job's group
         ran; ``complete``: every group with ready jobs was read; ``nseen``: how many were),
         with the binds ``:free``, ``:lim``, ``:types`` and, ``with_after``, ``:after``; else
