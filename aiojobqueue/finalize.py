@@ -15,10 +15,10 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import bindparam, case, false, null, select, update
+from sqlalchemy import bindparam, case, false, null, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from . import held, history, snooze
+from . import finalize_rows, held, history, snooze
 from . import schema as S
 from .attempts import round_attempt
 from .database import Database
@@ -27,7 +27,7 @@ from .release import CHUNK, IdsMatch
 from .settings import Settings
 from .settle import Settler, cancel_error
 from .sql import lit
-from .timeutil import db_now, utcnow_plus
+from .timeutil import db_now
 
 if TYPE_CHECKING:
     from .claimed import LeaseAsk
@@ -238,7 +238,6 @@ class Finalizer:
         """``finish()``, returning what actually happened to each applied outcome: ``kind``
         becomes ``retry`` (with ``retry_in``) or ``failed`` for a failure, ``cancelled`` for
         a failure that met a cancel request (for hooks and logs)."""
-        J = self.J
         if not outcomes:
             return []
         finished: list[tuple[int, str]] = []
@@ -261,121 +260,22 @@ class Finalizer:
                     leaves.add(r.id)
             effective += [o for o in plain if (o.job_id, o.attempt) in took]
             outcomes = [o for o in outcomes if not (o.kind == "done" and o.result is None)]
-        by_key = {(o.job_id, o.attempt): o for o in outcomes}
-        held: dict[int, Any] = {}
-        ids = sorted({o.job_id for o in outcomes})
-        # parent_id comes with the lock (it never changes), so settle() need not look it up.
-        # Dependents are NOT read here: an edge committed while we waited for the row lock
-        # would be invisible to this statement's snapshot (PostgreSQL, READ COMMITTED). The
-        # row's own has_dependents is (a locking read returns the row's newest version, and
-        # an edge sets it under this row's lock): where it is false, settle() skips the
-        # look-up of dependents.
-        stmts = self.db.stmts
-        lock = stmts.get("finish.lock")
-        if lock is None:
-            lock = stmts["finish.lock"] = self.db.ops.for_update(
-                select(J.c.id, J.c.attempts, J.c.lease_owner, J.c.attempt_limit,
-                       J.c.max_attempts, J.c.cancel_requested, J.c.cancelled_by, J.c.parent_id,
-                       J.c.has_dependents)
-                .where(self.db.ops.in_ids_param(J.c.id, "ids"),
-                       J.c.state.in_([lit(x) for x in S.LEASED_STATES]))
-                .order_by(J.c.id)
-            )
-        for i in range(0, len(ids), CHUNK):
-            for r in (await conn.execute(lock, {"ids": ids[i : i + CHUNK]})).all():
-                o = by_key.get((r.id, r.attempts))
-                if o is not None and r.lease_owner == o.owner:
-                    held[r.id] = r
-                    if not r.has_dependents:
-                        leaves.add(r.id)
+        held = await self._lock_held(conn, outcomes)
+        leaves.update(i for i, r in held.items() if not r.has_dependents)
         applied = [o for o in outcomes if o.job_id in held and held[o.job_id].attempts == o.attempt]
         released = False
         done_rows = []
         now = db_now()
-        cleared = {"lease_owner": None, "lease_expires": None}
         for o in applied:
-            row = held[o.job_id]
-            kind = o.kind
-            # A cancel requested while the attempt ran wins over a retry or a release (else
-            # the next claim would reset the flag and the cancel would be lost).
-            if kind in ("failed", "released", "snoozed") and row.cancel_requested:
-                kind = "cancelled"
-            retry_in: float | None = None
-            if kind == "done":
+            ended = await self._end_attempt(conn, o, held[o.job_id], now)
+            if ended.kind == "done":  # written below, with the other successes
                 done_rows.append({"i": o.job_id, "r": o.result})
-            elif kind == "failed":
-                # the attempt joins Job.errors in the same UPDATE (the failure path only:
-                # a success writes no history); the row is locked above
-                errors = await history.with_failure(conn, J, o.job_id, o.attempt, o.error,
-                                                    o.owner)
-                # a traced failure keeps its span for the retry's link (aiojobqueue.tracing)
-                errors_and = {"errors": errors} if o.trace is None else {
-                    "errors": errors, "trace": o.trace}
-                if o.retryable and row.attempts < row.attempt_limit:
-                    # grows within the round in force: a manual retry starts again
-                    delay = backoff(
-                        round_attempt(row.attempts, row.attempt_limit, row.max_attempts),
-                        self.settings.retry_backoff, self.settings.retry_backoff_max)
-                    kind, retry_in = "retry", delay
-                    await conn.execute(
-                        update(J).where(J.c.id == o.job_id).values(
-                            state=S.SCHEDULED, error=o.error, run_after=utcnow_plus(delay),
-                            **errors_and, **cleared,
-                        )
-                    )
-                else:
-                    await conn.execute(
-                        update(J).where(J.c.id == o.job_id).values(
-                            state=S.FAILED, error=o.error, finished_at=now, live_key=None,
-                            **errors_and, **cleared,
-                        )
-                    )
-                    finished.append((o.job_id, S.FAILED))
-            elif kind == "cancelled":
-                err = o.error or cancel_error(row.cancelled_by)
-                await conn.execute(
-                    update(J).where(J.c.id == o.job_id).values(
-                        state=S.CANCELLED, error=err, finished_at=now, live_key=None, **cleared
-                    )
-                )
-                finished.append((o.job_id, S.CANCELLED))
-            elif kind == "released":
-                # interrupted by shutdown: run again at once, and this attempt does not count
-                await conn.execute(
-                    update(J).where(J.c.id == o.job_id).values(
-                        state=S.READY, attempt_limit=J.c.attempt_limit + 1,
-                        releases=J.c.releases + 1, **cleared
-                    )
-                )
-                released = True
-            elif kind == "snoozed":  # back to scheduled, no attempt used (snooze.py)
-                await snooze.write(self.db, conn, o.job_id, o.retry_in or 0.0)
-                retry_in = o.retry_in
-            else:  # pragma: no cover - programming error
-                raise ValueError(kind)
-            effective.append(replace(o, kind=kind, retry_in=retry_in))
+            elif ended.kind in (S.FAILED, S.CANCELLED):
+                finished.append((o.job_id, ended.kind))
+            released = released or ended.kind == "released"
+            effective.append(ended)
         if done_rows:
-            done_vals = dict(state=S.DONE, error=None, finished_at=now, live_key=None, **cleared)
-            # No result (None) is common: those rows share one set-based UPDATE.
-            plain = sorted(r["i"] for r in done_rows if r["r"] is None)
-            rich = [r for r in done_rows if r["r"] is not None]
-            upd = stmts.get("finish.done")
-            if upd is None:
-                upd = update(J).where(self.db.ops.in_ids_param(J.c.id, "ids")).values(
-                    result=None, **done_vals)
-                # Not "RETURNING EXISTS (dependents)": with a skewed deps table (100k jobs
-                # waiting on one) PostgreSQL's generic plan probes it by a sequential scan per
-                # row; settle()'s one id-array look-up stays on the index.
-                stmts["finish.done"] = upd
-            for i in range(0, len(plain), CHUNK):
-                await conn.execute(upd, {"ids": plain[i : i + CHUNK]})
-            if rich:
-                await conn.execute(
-                    update(J).where(J.c.id == bindparam("i")).values(
-                        result=bindparam("r", type_=J.c.result.type), **done_vals
-                    ),
-                    rich,
-                )
+            await finalize_rows.end_done(self.db, conn, done_rows, now)
             finished.extend((r["i"], S.DONE) for r in done_rows)
         if finished:
             hint.update({i: r.parent_id for i, r in held.items()})
@@ -383,6 +283,69 @@ class Finalizer:
         if released:  # another worker may start it at once (not after its poll interval)
             await self.db.ops.notify(conn)
         return effective
+
+    async def _lock_held(
+        self, conn: AsyncConnection, outcomes: Sequence[Outcome]
+    ) -> dict[int, Any]:
+        """The fence: lock the rows of the jobs of ``outcomes`` and return (by job id) those
+        whose worker still holds an outcome's attempt (same attempt number, same owner)."""
+        by_key = {(o.job_id, o.attempt): o for o in outcomes}
+        ids = sorted({o.job_id for o in outcomes})
+        held: dict[int, Any] = {}
+        for r in await finalize_rows.lock_leased(self.db, conn, ids):
+            o = by_key.get((r.id, r.attempts))
+            if o is not None and r.lease_owner == o.owner:
+                held[r.id] = r
+        return held
+
+    async def _end_attempt(
+        self, conn: AsyncConnection, o: Outcome, row: Any, now: Any
+    ) -> Outcome:
+        """Write what ``o`` comes to, given its job's locked ``row`` (a success: nothing
+        yet, the caller writes them together); returns ``o`` as it took effect."""
+        kind = o.kind
+        # A cancel requested while the attempt ran wins over a retry or a release (else
+        # the next claim would reset the flag and the cancel would be lost).
+        if kind in ("failed", "released", "snoozed") and row.cancel_requested:
+            kind = "cancelled"
+        retry_in: float | None = None
+        if kind == "failed":
+            kind, retry_in = await self._end_failure(conn, o, row, now)
+        elif kind == "cancelled":
+            err = o.error or cancel_error(row.cancelled_by)
+            await finalize_rows.end_cancelled(self.db, conn, o.job_id, err, now)
+        elif kind == "released":
+            # interrupted by shutdown: run again at once, and this attempt does not count
+            await finalize_rows.end_released(self.db, conn, o.job_id)
+        elif kind == "snoozed":  # back to scheduled, no attempt used (snooze.py)
+            await snooze.write(self.db, conn, o.job_id, o.retry_in or 0.0)
+            retry_in = o.retry_in
+        elif kind != "done":  # pragma: no cover - programming error
+            raise ValueError(kind)
+        return replace(o, kind=kind, retry_in=retry_in)
+
+    async def _end_failure(
+        self, conn: AsyncConnection, o: Outcome, row: Any, now: Any
+    ) -> tuple[str, float | None]:
+        """Write the failure ``o`` (its job's ``row`` locked): a retry after the backoff
+        where attempts are left and the error is retryable, else failed for good. Returns
+        (``retry``, the delay) or (``failed``, None)."""
+        # the attempt joins Job.errors in the same UPDATE (the failure path only: a
+        # success writes no history); the row is locked by the caller
+        errors = await history.with_failure(conn, self.J, o.job_id, o.attempt, o.error,
+                                            o.owner)
+        # a traced failure keeps its span for the retry's link (aiojobqueue.tracing)
+        errors_and = {"errors": errors} if o.trace is None else {
+            "errors": errors, "trace": o.trace}
+        if o.retryable and row.attempts < row.attempt_limit:
+            # grows within the round in force: a manual retry starts again
+            delay = backoff(
+                round_attempt(row.attempts, row.attempt_limit, row.max_attempts),
+                self.settings.retry_backoff, self.settings.retry_backoff_max)
+            await finalize_rows.end_retry(self.db, conn, o.job_id, o.error, delay, errors_and)
+            return "retry", delay
+        await finalize_rows.end_failed(self.db, conn, o.job_id, o.error, now, errors_and)
+        return "failed", None
 
 
 def _by_attempt(

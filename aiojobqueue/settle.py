@@ -139,7 +139,7 @@ class Settler:
         """Cancel everything that waits on ``roots`` (id -> root cause). Running jobs get a
         cancel request their worker honours; the rest are cancelled here. Returns the ids
         cancelled here."""
-        J, D = self.J, self.D
+        J = self.J
         frontier = dict(roots)
         out: list[int] = []
         cause_state: dict[int, str] = {}
@@ -147,61 +147,81 @@ class Settler:
         # are not cancelled (conditions.py)
         soft: dict[int, int] = defaultdict(int)
         while frontier:
-            ids = sorted(frontier)
-            hits: dict[int, int] = {}
-            for i in range(0, len(ids), CHUNK):
-                part = ids[i : i + CHUNK]
-                rows = await conn.execute(
-                    select(D.c.job_id, D.c.depends_on_id, J.c.kind).join(J, J.c.id == D.c.job_id)
-                    .where(D.c.depends_on_id.in_(part), J.c.state.in_(S.LIVE))
-                )
-                for jid, up, kind in rows:
-                    if kind in conditions.CONDITIONED:
-                        soft[jid] += 1
-                    else:
-                        hits.setdefault(jid, frontier[up])
-                kids = await conn.execute(
-                    select(J.c.id, J.c.parent_id).where(J.c.parent_id.in_(part),
-                                                        J.c.state.in_(S.LIVE))
-                )
-                for jid, up in kids:
-                    hits.setdefault(jid, frontier[up])
+            hits = await self._waiting_on(conn, frontier, soft)
             if not hits:
                 break
             for c in set(hits.values()) - set(cause_state):
                 cause_state[c] = (await conn.execute(
                     select(J.c.state).where(J.c.id == c))).scalar_one()
-            frontier = {}
-            by_cause: dict[int, list[int]] = defaultdict(list)
-            for jid, c in hits.items():
-                by_cause[c].append(jid)
-            for c, jids in by_cause.items():
-                jids.sort()
-                err = cancel_error(c, cause_state[c])
-                for i in range(0, len(jids), CHUNK):
-                    part = jids[i : i + CHUNK]
-                    await conn.execute(
-                        update(J).where(J.c.id.in_(part),
-                                       J.c.state.in_([lit(x) for x in S.LEASED_STATES]))
-                        .values(cancel_requested=True, cancelled_by=c)
-                    )
-                    stmt = select(J.c.id).where(
-                        J.c.id.in_(part),
-                        J.c.state.in_([S.WAITING, S.SCHEDULED, S.READY, S.ACTIVE, S.EXTERNAL])
-                    )
-                    victims = [r[0] for r in await conn.execute(self.db.ops.for_update(stmt))]
-                    if victims:
-                        await conn.execute(
-                            update(J).where(J.c.id.in_(victims)).values(
-                                state=S.CANCELLED, error=err, cancelled_by=c,
-                                finished_at=db_now(), live_key=None,
-                            )
-                        )
-                        out += victims
-                        frontier.update({v: c for v in victims})
+            frontier = await self._cancel_hits(conn, hits, cause_state)
+            out += list(frontier)
         if soft:
             await conditions.soften(self, conn, soft)
         return out
+
+    async def _waiting_on(
+        self, conn: AsyncConnection, frontier: dict[int, int], soft: dict[int, int]
+    ) -> dict[int, int]:
+        """The live jobs that wait on the ``frontier`` ids (id -> root cause) by an edge or
+        as their children, each with its root cause. Edges into conditioned jobs do not
+        cancel them: they are counted in ``soft`` instead (job id -> edges)."""
+        J, D = self.J, self.D
+        ids = sorted(frontier)
+        hits: dict[int, int] = {}
+        for i in range(0, len(ids), CHUNK):
+            part = ids[i : i + CHUNK]
+            rows = await conn.execute(
+                select(D.c.job_id, D.c.depends_on_id, J.c.kind).join(J, J.c.id == D.c.job_id)
+                .where(D.c.depends_on_id.in_(part), J.c.state.in_(S.LIVE))
+            )
+            for jid, up, kind in rows:
+                if kind in conditions.CONDITIONED:
+                    soft[jid] += 1
+                else:
+                    hits.setdefault(jid, frontier[up])
+            kids = await conn.execute(
+                select(J.c.id, J.c.parent_id).where(J.c.parent_id.in_(part),
+                                                    J.c.state.in_(S.LIVE))
+            )
+            for jid, up in kids:
+                hits.setdefault(jid, frontier[up])
+        return hits
+
+    async def _cancel_hits(
+        self, conn: AsyncConnection, hits: dict[int, int], cause_state: dict[int, str]
+    ) -> dict[int, int]:
+        """Cancel the jobs ``hits`` (id -> root cause, whose state is in ``cause_state``),
+        by cause: those leased get a cancel request, those not started yet are cancelled
+        here. Returns the ones cancelled here, in order, with their root cause."""
+        J = self.J
+        cancelled: dict[int, int] = {}
+        by_cause: dict[int, list[int]] = defaultdict(list)
+        for jid, c in hits.items():
+            by_cause[c].append(jid)
+        for c, jids in by_cause.items():
+            jids.sort()
+            err = cancel_error(c, cause_state[c])
+            for i in range(0, len(jids), CHUNK):
+                part = jids[i : i + CHUNK]
+                await conn.execute(
+                    update(J).where(J.c.id.in_(part),
+                                   J.c.state.in_([lit(x) for x in S.LEASED_STATES]))
+                    .values(cancel_requested=True, cancelled_by=c)
+                )
+                stmt = select(J.c.id).where(
+                    J.c.id.in_(part),
+                    J.c.state.in_([S.WAITING, S.SCHEDULED, S.READY, S.ACTIVE, S.EXTERNAL])
+                )
+                victims = [r[0] for r in await conn.execute(self.db.ops.for_update(stmt))]
+                if victims:
+                    await conn.execute(
+                        update(J).where(J.c.id.in_(victims)).values(
+                            state=S.CANCELLED, error=err, cancelled_by=c,
+                            finished_at=db_now(), live_key=None,
+                        )
+                    )
+                    cancelled.update({v: c for v in victims})
+        return cancelled
 
     async def rollup(
         self, conn: AsyncConnection, containers: Sequence[int]

@@ -127,8 +127,32 @@ class Leases:
         return list(rows)
 
     async def _reconcile(self, mine: dict[int, int], rows: list[Any]) -> None:
-        state, me = self.state, self.core.settings.worker_id
+        """Act on what a beat read (``rows``: this worker's leases in the database) for the
+        attempts ``mine`` known before it began: stop the running ones that lost their lease
+        or were asked to cancel, drop or give back the held ones likewise, and release the
+        leases unknown here on the second beat in a row."""
         held = {r.id: r for r in rows}
+        self._stop_lost(mine, held)
+        # Held jobs known before the beat: one whose lease was lost is never started here;
+        # one whose cancel was requested is given back (its release becomes the cancel).
+        back = self._sort_held(mine, held)
+        if back:
+            await self.give_back(back)
+        # Leased to us in the database but not running here (a claim whose commit answer
+        # was lost): release them. Seen on two beats in a row with no claim in flight, so a
+        # claim that committed but has not started its jobs yet is never mistaken for one.
+        unknown = self._unknown(rows)
+        if self.state.claiming:
+            self.orphans |= unknown
+            return
+        orphans, self.orphans = sorted(unknown & self.orphans), unknown
+        if orphans:
+            await self.release_orphans(orphans)
+
+    def _stop_lost(self, mine: dict[int, int], held: dict[int, Any]) -> None:
+        """Stop the attempts running here whose lease the beat did not find (``held``: the
+        rows it read, by id), or whose cancel was requested."""
+        state, me = self.state, self.core.settings.worker_id
         # Only jobs known before the beat began: a claim committed during it is not a loss.
         for jid, attempt in mine.items():
             r = state.running.get(jid)
@@ -148,11 +172,12 @@ class Leases:
                          extra=extra(me, r.claimed))
                 state.reasons[key] = "cancel"
                 r.task.cancel()
-        # Leased to us in the database but not running here (a claim whose commit answer
-        # was lost): release them. Seen on two beats in a row with no claim in flight, so a
-        # claim that committed but has not started its jobs yet is never mistaken for one.
-        # Held jobs known before the beat: one whose lease was lost is never started here;
-        # one whose cancel was requested is given back (its release becomes the cancel).
+
+    def _sort_held(self, mine: dict[int, int], held: dict[int, Any]) -> list[Any]:
+        """Drop from the held queues the jobs known before the beat (``mine``) whose lease
+        it did not find (``held``: the rows it read, by id), and take out those whose
+        cancel was requested: returned, to be given back."""
+        state, me = self.state, self.core.settings.worker_id
         back = []
         for grp, q in list(state.held.items()):
             keep: deque[tuple[Any, float]] = deque()
@@ -171,8 +196,12 @@ class Leases:
                 state.held[grp] = keep
             else:
                 del state.held[grp]
-        if back:
-            await self.give_back(back)
+        return back
+
+    def _unknown(self, rows: list[Any]) -> set[tuple[int, int]]:
+        """The (job, attempt) of the leases in ``rows`` that this worker neither runs nor
+        holds in its buffer or its held queues."""
+        state = self.state
         unknown = set()
         buffered = {(c.id, c.attempt) for c, _ in state.buffer}
         for q in state.held.values():
@@ -182,12 +211,7 @@ class Leases:
             if (r is None or r.claimed.attempt != h.attempts) and (
                     (h.id, h.attempts) not in buffered):
                 unknown.add((h.id, h.attempts))
-        if state.claiming:
-            self.orphans |= unknown
-            return
-        orphans, self.orphans = sorted(unknown & self.orphans), unknown
-        if orphans:
-            await self.release_orphans(orphans)
+        return unknown
 
     async def release_orphans(self, orphans: list[tuple[int, int]]) -> None:
         """Release leases this worker holds without running their jobs."""

@@ -123,15 +123,7 @@ class Worker:
         out.pumping = True
         try:
             while not state.stopping:
-                quick = False
-                if delay:
-                    # Woken from idle by a notification (an enqueue elsewhere): go straight
-                    # for the job (see Claimer.claim(quick=True)).
-                    quick = await self._sleep_or_wake(delay) and self._poked and not out.outbox
-                    # a look again after a pass-over goes straight for the row it missed
-                    quick = quick or (0 < relooks <= len(RELOOK) and not out.outbox)
-                else:
-                    await asyncio.sleep(0)  # let just-started handlers run: their slots count
+                quick = await self._pause(delay, relooks)
                 if state.stopping:
                     break
                 state.wake.clear()
@@ -141,16 +133,7 @@ class Worker:
                 if state.held:
                     await self.holding.give_back()
                 usual = s.capacity + rnd.prefetch(self.state.avg_run)
-                lingering = threads.lingering(self.core)
-                want = usual - self._active - len(state.buffer) - lingering
-                if state.share is not None:  # other processes serve these types too
-                    want = min(want, state.share - self._active - len(state.buffer)
-                               - lingering)
-                want = await local_budget(s.local_limits, want)
-                # No new leases while this worker cannot renew the ones it has.
-                if not types or not self.leases.healthy():
-                    want = 0
-                want = max(want, 0)
+                want = await self._budget(types, usual)
                 if not want and not out.outbox:
                     delay = s.poll_interval  # a finishing job sets `wake`
                     continue
@@ -175,20 +158,55 @@ class Worker:
                 if (self._idle_exit and not got and not state.running and not out.outbox
                         and not state.buffer and await self._idle(types)):
                     return
-                # A full claim means more may be waiting, and outcomes that arrived meanwhile
-                # should be written: go again at once (also when the claim left its look
-                # for other groups to the next one).
-                delay = (0.0 if (got and len(got) == want) or out.outbox
-                         or self.core.claimer.census_due else s.poll_interval)
-                if want and not got and self.core.claimer.passed_over:
-                    # a ready row was held by another claim's pick: free again in a moment
-                    if relooks < len(RELOOK):
-                        delay = RELOOK[relooks]
-                    relooks += 1
-                else:
-                    relooks = 0
+                delay, relooks = self._next_delay(want, got, relooks)
         finally:
             out.pumping = False
+
+    async def _pause(self, delay: float, relooks: int) -> bool:
+        """Before a round: wait up to ``delay`` seconds for a wake-up, or (no delay) just let
+        the handlers started last round run. Returns whether the claim goes straight for
+        the job (``quick``, see Claimer.claim)."""
+        out = self.outcomes
+        if not delay:
+            await asyncio.sleep(0)  # let just-started handlers run: their slots count
+            return False
+        # Woken from idle by a notification (an enqueue elsewhere): go straight
+        # for the job (see Claimer.claim(quick=True)).
+        quick = await self._sleep_or_wake(delay) and self._poked and not out.outbox
+        # a look again after a pass-over goes straight for the row it missed
+        return quick or (0 < relooks <= len(RELOOK) and not out.outbox)
+
+    async def _budget(self, types: list[str], usual: int) -> int:
+        """How many jobs this round may lease: ``usual`` (capacity and prefetch) less the
+        slots taken and the jobs buffered, within this process's share and local limits;
+        none while the leases held cannot be renewed."""
+        s, state = self.core.settings, self.state
+        lingering = threads.lingering(self.core)
+        want = usual - self._active - len(state.buffer) - lingering
+        if state.share is not None:  # other processes serve these types too
+            want = min(want, state.share - self._active - len(state.buffer)
+                       - lingering)
+        want = await local_budget(s.local_limits, want)
+        # No new leases while this worker cannot renew the ones it has.
+        if not types or not self.leases.healthy():
+            want = 0
+        return max(want, 0)
+
+    def _next_delay(self, want: int, got: list[Claimed], relooks: int) -> tuple[float, int]:
+        """After a round that leased ``got`` of ``want``: the delay before the next round,
+        and the count of claims passed over in a row (``relooks`` before this one)."""
+        out, claimer = self.outcomes, self.core.claimer
+        # A full claim means more may be waiting, and outcomes that arrived meanwhile
+        # should be written: go again at once (also when the claim left its look
+        # for other groups to the next one).
+        delay = (0.0 if (got and len(got) == want) or out.outbox
+                 or claimer.census_due else self.core.settings.poll_interval)
+        if want and not got and claimer.passed_over:
+            # a ready row was held by another claim's pick: free again in a moment
+            if relooks < len(RELOOK):
+                delay = RELOOK[relooks]
+            return delay, relooks + 1
+        return delay, 0
 
     # -- dispatch -------------------------------------------------------------------------
     def _fill(self) -> None:

@@ -309,17 +309,8 @@ class ParallelRound:
                 applied = list(batch)
             else:
                 applied = await core.finalizer.finish_detailed(conn, batch)
-            # every applied outcome took its job out of `running`: by group, the slots freed
-            # (only a counted cap asks; uncapped rounds skip the per-job count)
-            freed: dict[str, int] = {}
-            for o in applied if capped else ():
-                r = state.running.get(o.job_id)
-                if r is not None and r.claimed.attempt == o.attempt:
-                    freed[r.claimed.group] = freed.get(r.claimed.group, 0) + 1
-            for jid, _a in started if capped else ():  # each took one of those slots
-                r = state.running.get(jid)
-                if r is not None and freed.get(r.claimed.group, 0) > 0:
-                    freed[r.claimed.group] -= 1
+            # only a counted cap asks; uncapped rounds skip the per-job count
+            freed = self._freed(applied, started) if capped else {}
             hold[0] = self.hold_ask(batch) if capped else None  # (afresh if run again)
             taken[:] = await core.claimer.claim(conn, want, types, quick, freed, hold[0])
             return applied
@@ -344,6 +335,21 @@ class ParallelRound:
             self.keep(hold[0].got, t0)
         got.extend(taken)
         return applied
+
+    def _freed(self, applied: list[Outcome], started: list[tuple[int, int]]) -> dict[str, int]:
+        """By group, the slots that the ``applied`` outcomes free (each took its job out of
+        `running`) less those taken by the held jobs ``started`` in them (id, attempt)."""
+        running = self.state.running
+        freed: dict[str, int] = {}
+        for o in applied:
+            r = running.get(o.job_id)
+            if r is not None and r.claimed.attempt == o.attempt:
+                freed[r.claimed.group] = freed.get(r.claimed.group, 0) + 1
+        for jid, _a in started:  # each took one of those slots
+            r = running.get(jid)
+            if r is not None and freed.get(r.claimed.group, 0) > 0:
+                freed[r.claimed.group] -= 1
+        return freed
 
 
 class SharedRound(ParallelRound):

@@ -97,16 +97,7 @@ def settle_routine(
 ) -> tuple[str, list[str]]:
     """(name, DDL) of the three routines (see the module docstring), their statements built
     by the given builders from the expressions of the routines' own variables."""
-    from sqlalchemy.dialects.postgresql.asyncpg import PGDialect_asyncpg
-
-    dialect = PGDialect_asyncpg()  # type: ignore[no-untyped-call]
-
-    def sql(stmt: Any) -> str:
-        return str(stmt.compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
-
-    def ids(var: str) -> Callable[[Any], Any]:
-        return lambda col: col == any_(literal_column(var))
-
+    sql = _compiler()
     jobs = t.jobs.name
     # p_results: NULL (no job returned anything) or a JSON array in p_ids' order, whose
     # nulls are stored as SQL NULL like the long path's (quadratic look-up, but p_ids holds
@@ -123,15 +114,15 @@ def settle_routine(
         WAITING=WAITING, jobs=jobs, deps=t.deps.name, rels=t.releases.name, channel=channel,
         live=", ".join(f"'{x}'" for x in LIVE), split=int(split), part=int(part),
         row=", ".join(f"l.{c.name}" for c in leased.exported_columns),
-        release_p_ids=sql(release(ids("p_ids"))), release_v_rel=sql(release(ids("v_rel"))),
-        activate_v_act=sql(activate(ids("v_act"))), lease=sql(leased),
-        finish_p_ids=sql(finish(ids("p_ids"), literal_column("p_a"), literal_column("p_o"),
+        release_p_ids=sql(release(_ids("p_ids"))), release_v_rel=sql(release(_ids("v_rel"))),
+        activate_v_act=sql(activate(_ids("v_act"))), lease=sql(leased),
+        finish_p_ids=sql(finish(_ids("p_ids"), literal_column("p_a"), literal_column("p_o"),
                                 result)),
     )
     rel_body = _body("release").substitute(names)
     split_sql = rest_body = ""
     if split and release_one is not None:
-        one = sql(release_one(ids("v_deps")))
+        one = sql(release_one(_ids("v_deps")))
         # what the split and the rest read of a release's rows (no container is released)
         agg = _body("released_rows").substitute(names)
         split_sql = _body("split").substitute(names, one=one, agg=agg)
@@ -139,8 +130,31 @@ def settle_routine(
     body = _body("finish").substitute(names, split_block=split_sql)
     digest = hashlib.sha1((PLAN + rel_body + body + rest_body).encode()).hexdigest()[:10]
     name = f"{jobs}_settle_{digest}"
+    return name, _ddl(name, rel_body, body, rest_body)
+
+
+def _compiler() -> Callable[[Any], str]:
+    """Renders a statement as PostgreSQL text with its values inline (a routine body is
+    text: it has no bind parameters)."""
+    from sqlalchemy.dialects.postgresql.asyncpg import PGDialect_asyncpg
+
+    dialect = PGDialect_asyncpg()  # type: ignore[no-untyped-call]
+
+    def sql(stmt: Any) -> str:
+        return str(stmt.compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
+    return sql
+
+
+def _ids(var: str) -> Callable[[Any], Any]:
+    """The id match of a statement builder for the routine's id array variable ``var``."""
+    return lambda col: col == any_(literal_column(var))
+
+
+def _ddl(name: str, rel_body: str, body: str, rest_body: str) -> list[str]:
+    """The CREATE statements of the routines ``name``_rel, ``name`` and ``name``_rest, from
+    their bodies (``rest_body`` empty: no split release, that routine returns 0)."""
     rel = f"{name}_rel"
-    return name, [
+    return [
         f"CREATE OR REPLACE FUNCTION {rel}(p_ids bigint[]) RETURNS TABLE(id bigint, "
         f"kind text, state text, parent_id bigint) LANGUAGE plpgsql VOLATILE "
         f"{PLAN} AS $ajq${rel_body}\n$ajq$",
