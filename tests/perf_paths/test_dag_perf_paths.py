@@ -266,8 +266,7 @@ async def test_a_short_claim_of_the_only_group_hands_over_without_a_census(
     which the claim after it does if the known group is dry by then: a group that appeared
     meanwhile is found at once. (The census and promotion windows are widened, so a slow
     machine cannot let them lapse between the claims.)"""
-    monkeypatch.setattr(claim_mod, "GROUPS_EVERY", 60.0)
-    monkeypatch.setattr(claim_mod, "PROMOTE_EVERY", 60.0)
+    monkeypatch.setattr(claim_mod, "LOOK_EVERY", 60.0)
     q = make_queue(poll_interval=60.0)
     async with q:
         G = census_mod.CENSUS_CTE
