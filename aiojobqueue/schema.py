@@ -34,9 +34,15 @@ from sqlalchemy import (
     text,
 )
 
+from .dialects.columns import (
+    NAME_LEN,
+    UTCDateTime,
+    builds_partial,
+    drop_routines_with,
+    partial_where,
+)
 from .dialects.columns import Id as _Id
 from .dialects.columns import Json as _Json
-from .dialects.columns import UTCDateTime, builds_partial, drop_routines_with, partial_where
 from .side_tables import schedule_table, side_tables, worker_tables
 
 SCHEMA_VERSION = 10
@@ -215,7 +221,7 @@ def _job_columns() -> list[Column[Any]]:
     """The jobs table's columns: one row per job, container or external step."""
     return [
         Column("id", _Id, primary_key=True, autoincrement=True),
-        Column("type", String(200), nullable=False),
+        Column("type", String(NAME_LEN), nullable=False),
         Column("kind", String(10), nullable=False, server_default=JOB),
         Column("state", String(10), nullable=False),
         Column("args", _Json, nullable=False),
@@ -230,7 +236,7 @@ def _job_columns() -> list[Column[Any]]:
         # first attempt's once one failed; NULL unless OpenTelemetry traced the enqueue.
         Column("trace", _Json),
         Column("parent_id", _Id),
-        Column("group_key", String(200), nullable=False),
+        Column("group_key", String(NAME_LEN), nullable=False),
         Column("weight", Integer, nullable=False, server_default="1"),
         Column("priority", Integer, nullable=False, server_default="0"),
         Column("pending", Integer, nullable=False, server_default="0"),

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from sqlalchemy import Boolean, Column, Float, Index, Integer, MetaData, String, Table, false
 
+from .dialects.columns import NAME_LEN, UTCDateTime
 from .dialects.columns import Id as _Id
 from .dialects.columns import Json as _Json
-from .dialects.columns import UTCDateTime
 
 
 def worker_tables(p: str, md: MetaData) -> tuple[Table, Table, Table, Table, Table]:
@@ -30,7 +30,7 @@ def worker_tables(p: str, md: MetaData) -> tuple[Table, Table, Table, Table, Tab
     groups = Table(
         f"{p}groups",
         md,
-        Column("group_key", String(200), primary_key=True),
+        Column("group_key", String(NAME_LEN), primary_key=True),
     )
     workers = Table(
         f"{p}workers",
@@ -82,7 +82,7 @@ def side_tables(p: str, md: MetaData) -> tuple[Table, Table, Table, Table]:
         f"{p}policy",
         md,
         Column("scope", String(10), primary_key=True),  # queue | group | type
-        Column("name", String(200), primary_key=True),  # "" for the queue; "*": default
+        Column("name", String(NAME_LEN), primary_key=True),  # "" for the queue; "*": default
         Column("weight", Integer),
         Column("cap", Integer),
         Column("rate_n", Integer),
@@ -123,7 +123,7 @@ def schedule_table(p: str, md: MetaData) -> Table:
         f"{p}schedules",
         md,
         Column("name", String(50), primary_key=True),
-        Column("type", String(200), nullable=False, server_default=""),  # "": never declared
+        Column("type", String(NAME_LEN), nullable=False, server_default=""),  # "": never declared
         Column("cron", String(120)),
         Column("every", Float),
         Column("tz", String(64)),

@@ -27,6 +27,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .database import Database
+from .dialects.columns import NAME_LEN
 from .errors import ConfigurationError
 from .limits import RateLimit
 
@@ -39,8 +40,6 @@ DEFAULT_ROW = "*"
 VERSION_KEY = "policy_version"
 #: the wake-up payload a change sends (a worker refreshes its cache at once on it)
 NOTIFY_PAYLOAD = "policy"
-#: the longest group or type name (the jobs table's columns)
-MAX_NAME = 200
 
 
 class Unset:
@@ -109,8 +108,8 @@ def _check_rate(v: Any) -> None:
 
 
 def _check_name(what: str, v: Any) -> str:
-    if not isinstance(v, str) or not v or len(v) > MAX_NAME:
-        raise ConfigurationError(f"{what} must be a name of 1-{MAX_NAME} characters, got {v!r}")
+    if not isinstance(v, str) or not v or len(v) > NAME_LEN:
+        raise ConfigurationError(f"{what} must be a name of 1-{NAME_LEN} characters, got {v!r}")
     return v
 
 

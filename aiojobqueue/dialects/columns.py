@@ -23,6 +23,8 @@ from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: The longest job type, group or policy name: the width of their columns.
+NAME_LEN = 200
 
 #: Primary keys: SQLite only autoincrements INTEGER primary keys.
 Id = BigInteger().with_variant(Integer, "sqlite")

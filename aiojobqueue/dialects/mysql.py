@@ -42,6 +42,7 @@ from .bulk import (
     run_bulk_insert,
     varying_fields,
 )
+from .columns import NAME_LEN
 from .mysql_bell import ring
 from .mysql_watch import BellWatch
 
@@ -185,8 +186,8 @@ class MySQLOps(DialectOps):
     MAX_DOCUMENT = 4_000_000
     # JSON_TABLE type of each field (bools travel as 0/1, times as naive UTC text)
     _BULK = {
-        "type": "VARCHAR(200)", "kind": "VARCHAR(10)", "state": "VARCHAR(10)",
-        "args": "LONGTEXT", "parent_id": "BIGINT", "group_key": "VARCHAR(200)",
+        "type": f"VARCHAR({NAME_LEN})", "kind": "VARCHAR(10)", "state": "VARCHAR(10)",
+        "args": "LONGTEXT", "parent_id": "BIGINT", "group_key": f"VARCHAR({NAME_LEN})",
         "weight": "INT", "priority": "INT", "pending": "INT", "max_attempts": "INT",
         "timeout": "DOUBLE", "key": "VARCHAR(255)", "cancelled_by": "BIGINT",
         "has_dependents": "INT", "error": "LONGTEXT", "delay": "DOUBLE",
