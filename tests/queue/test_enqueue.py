@@ -294,8 +294,9 @@ async def test_keyless_jobs_coexist_and_concurrent_batches_share_a_key(
 async def test_run_after_is_not_claimed_before_its_time(
     make_queue: Callable[..., JobQueue],
 ) -> None:
-    # promotions every 0.1 s: "at" and "later" come due 0.5 s apart, and one sweep that
-    # found both due would start the older id ("later") first
+    # promotions every 0.1 s: "at" and "later" come due 0.5 s apart, so each is promoted
+    # alone (unless a loaded machine stalls the worker for 0.5 s: then both are due at once and
+    # the older id, "later", rightly starts first; the bounds below are what run_after promises)
     q = make_queue(poll_interval=0.1)
     seen: dict[str, float] = {}
 
@@ -319,7 +320,7 @@ async def test_run_after_is_not_claimed_before_its_time(
         finally:
             server.cancel()
             await asyncio.gather(server, return_exceptions=True)
-        assert seen["now"] < seen["at"] < seen["later"]
+        assert seen["now"] < min(seen["at"], seen["later"])
         assert seen["at"] - t0 >= 0.9
         assert seen["later"] - t0 >= 1.4
         job = await q.get(later)
