@@ -68,7 +68,7 @@ class Actions:
     async def retry(self, conn: AsyncConnection, job_id: int) -> list[int]:
         """Make a failed/cancelled job runnable again, with the jobs its end cancelled and the
         containers it made fail. Returns every id that was revived."""
-        J, D = self.J, self.D
+        J = self.J
         row = (await conn.execute(
             self.db.ops.for_update(select(J.c.id, J.c.state, J.c.parent_id).where(J.c.id == job_id))
         )).first()
@@ -78,6 +78,20 @@ class Actions:
             raise InvalidStateError(
                 f"job {job_id} is {row.state}; only failed or cancelled jobs can be retried"
             )
+        ids = await self._to_revive(conn, job_id)
+        await self._unrecord(conn, ids)
+        await self._reopen(conn, ids)
+        cond = await self._recount(conn, ids)
+        # release parents first so their children see an active container
+        unmet = [(i, st) for i, st in await self.settler.release(conn, ids) if st == S.CANCELLED]
+        if unmet:  # when="failed" jobs whose dependencies are all done now (conditions.py)
+            await self.settler.settle(conn, unmet)
+        await self._cancel_stuck(conn, ids, cond)
+        return ids
+
+    async def _to_revive(self, conn: AsyncConnection, job_id: int) -> list[int]:
+        """The ids a retry of ``job_id`` revives (``job_id`` among them), in order."""
+        J = self.J
         revive: set[int] = {job_id}
         # To a fixed point: jobs cancelled because of a revived job; the failed/cancelled
         # containers of revived jobs (a roll-up ended them; they reopen with their child); and
@@ -108,8 +122,12 @@ class Actions:
                 nxt |= kids
             frontier = nxt - revive
             revive |= frontier
-        ids = sorted(revive)
-        await self._unrecord(conn, ids)
+        return sorted(revive)
+
+    async def _reopen(self, conn: AsyncConnection, ids: list[int]) -> None:
+        """Set the revived jobs waiting, their end undone and their attempts renewed (pending
+        0 until _recount)."""
+        J = self.J
         # recompute pending from scratch for each revived job
         for i in range(0, len(ids), CHUNK):
             part = ids[i : i + CHUNK]
@@ -123,6 +141,12 @@ class Actions:
                     run_after=db_now(),
                 )
             )
+
+    async def _recount(self, conn: AsyncConnection, ids: list[int]) -> dict[int, int]:
+        """Count each revived job's pending afresh: upstreams not done (a run condition its
+        own way) and the credit for a container not active. Returns the pending counts of
+        the jobs with a run condition."""
+        J, D = self.J, self.D
         up = J.alias("up")
         pending: dict[int, int] = defaultdict(int)
         cond: dict[int, int] = {}  # jobs with a run condition count their own way
@@ -148,10 +172,14 @@ class Actions:
                 pending[jid] += S.CREDIT
         for jid, n in pending.items():
             await conn.execute(update(J).where(J.c.id == jid).values(pending=n))
-        # release parents first so their children see an active container
-        unmet = [(i, st) for i, st in await self.settler.release(conn, ids) if st == S.CANCELLED]
-        if unmet:  # when="failed" jobs whose dependencies are all done now (conditions.py)
-            await self.settler.settle(conn, unmet)
+        return cond
+
+    async def _cancel_stuck(
+        self, conn: AsyncConnection, ids: list[int], cond: dict[int, int]
+    ) -> None:
+        """Cancel again the revived jobs (``cond``: those with a run condition, exempt) that
+        another failed or cancelled upstream keeps from ever running."""
+        J, D = self.J, self.D
         # A revived job with another upstream still failed/cancelled can never run: cancel it
         # again (its dependents follow) instead of leaving it waiting for ever.
         dead = J.alias("dead")
@@ -176,4 +204,3 @@ class Actions:
             )
         if stuck:
             await self.settler.settle(conn, [(jid, S.CANCELLED) for jid in sorted(stuck)])
-        return ids

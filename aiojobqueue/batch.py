@@ -232,6 +232,36 @@ class Batch:
     ) -> JobRef:
         if self._done:
             raise InvalidJobError("this batch has already been inserted")
+        name, handler, args_json = self._checked_job(type, args, is_container)
+        # These options at their defaults (a bulk load, with or without a group) cannot be
+        # wrong: skip their checks. What comes from the queue's and the handler's settings
+        # (group, timeout, max_attempts) is checked either way, in the same order.
+        plain = (weight is None and priority.__class__ is int and priority == 0
+                 and key is None and run_after is None and parent is None
+                 and depends_on.__class__ is tuple and not depends_on)
+        inherit_group = group is None and parent is not None
+        inherit_weight = weight is None and parent is not None
+        group, weight, timeout, max_attempts = self._checked_settings(
+            group, weight, priority, timeout, max_attempts, handler, plain)
+        when: timedelta | datetime | None = None
+        deps: list[Ref] = []
+        if not plain:
+            when, deps = self._checked_placement(key, run_after, depends_on, parent)
+        ref = JobRef(self, len(self._specs), name, is_container)
+        self._specs.append(
+            _Spec(
+                ref, name, args_json, group, int(weight), int(priority),
+                None if timeout is None else float(timeout), int(max_attempts), key,
+                when, deps, parent, is_container, inherit_group, inherit_weight,
+            )
+        )
+        return ref
+
+    def _checked_job(
+        self, type: str | Handler[..., Any], args: Any, is_container: bool
+    ) -> tuple[str, HandlerSpec | None, str]:
+        """The job's type, its handler where known, and its args as JSON text; checked
+        (args against the handler's signature too)."""
         if isinstance(type, Handler):
             handler: HandlerSpec | None = type.spec
             type = type.type
@@ -249,17 +279,17 @@ class Batch:
             args_json = _ENCODE(args)
         except (TypeError, ValueError) as exc:
             raise NotJSONError(f"args of {type!r} is not JSON-serializable: {exc}") from None
-        # These options at their defaults (a bulk load, with or without a group) cannot be
-        # wrong: skip their checks. What comes from the queue's and the handler's settings
-        # (group, timeout, max_attempts) is checked either way, in the same order.
-        plain = (weight is None and priority.__class__ is int and priority == 0
-                 and key is None and run_after is None and parent is None
-                 and depends_on.__class__ is tuple and not depends_on)
-        inherit_group = group is None and parent is not None
+        return type, handler, args_json
+
+    def _checked_settings(
+        self, group: str | None, weight: int | None, priority: int, timeout: float | None,
+        max_attempts: int | None, handler: HandlerSpec | None, plain: bool,
+    ) -> tuple[str, int, float | None, int]:
+        """Group, weight, timeout and max_attempts with their defaults (the queue's, the
+        handler's) filled in, checked in this order with the priority (not when ``plain``)."""
         group = self._settings.default_group if group is None else group
         if not isinstance(group, str) or not group or len(group) > 200:
             raise InvalidJobError(f"group must be a non-empty string of <= 200 chars: {group!r}")
-        inherit_weight = weight is None and parent is not None
         if weight is None:
             weight = 1
         elif not _is_int(weight) or not 1 <= weight <= MAX_INT:
@@ -278,34 +308,30 @@ class Batch:
             )
         if not _is_int(max_attempts) or not 1 <= max_attempts <= MAX_INT:
             raise InvalidJobError(f"max_attempts must be a (32-bit) int >= 1: {max_attempts!r}")
-        when: timedelta | datetime | None = None
-        deps: list[Ref] = []
-        if not plain:
-            if key is not None and (not isinstance(key, str) or not key or len(key) > 255):
-                raise InvalidJobError(f"key must be a non-empty string of <= 255 chars: {key!r}")
-            if isinstance(run_after, (int, float)) and not isinstance(run_after, bool):
-                run_after = timedelta(seconds=run_after)
-            if run_after is not None and not isinstance(run_after, (timedelta, datetime)):
-                raise InvalidJobError(
-                    f"run_after must be a timedelta, datetime or seconds: {run_after!r}"
-                )
-            when = run_after
-            deps = list(depends_on)
-            for d in deps:
-                self._check_ref(d)
-            if parent is not None:
-                self._check_ref(parent)
-                if isinstance(parent, JobRef) and not parent.is_container:
-                    raise InvalidJobError(f"parent {parent!r} is not a container")
-        ref = JobRef(self, len(self._specs), type, is_container)
-        self._specs.append(
-            _Spec(
-                ref, type, args_json, group, int(weight), int(priority),
-                None if timeout is None else float(timeout), int(max_attempts), key,
-                when, deps, parent, is_container, inherit_group, inherit_weight,
+        return group, weight, timeout, max_attempts
+
+    def _checked_placement(
+        self, key: str | None, run_after: timedelta | datetime | float | None,
+        depends_on: Iterable[Ref], parent: Ref | None,
+    ) -> tuple[timedelta | datetime | None, list[Ref]]:
+        """The key, run_after, dependencies and parent (where and when the job goes) checked;
+        returns run_after as a timedelta or datetime and the dependencies as a list."""
+        if key is not None and (not isinstance(key, str) or not key or len(key) > 255):
+            raise InvalidJobError(f"key must be a non-empty string of <= 255 chars: {key!r}")
+        if isinstance(run_after, (int, float)) and not isinstance(run_after, bool):
+            run_after = timedelta(seconds=run_after)
+        if run_after is not None and not isinstance(run_after, (timedelta, datetime)):
+            raise InvalidJobError(
+                f"run_after must be a timedelta, datetime or seconds: {run_after!r}"
             )
-        )
-        return ref
+        deps = list(depends_on)
+        for d in deps:
+            self._check_ref(d)
+        if parent is not None:
+            self._check_ref(parent)
+            if isinstance(parent, JobRef) and not parent.is_container:
+                raise InvalidJobError(f"parent {parent!r} is not a container")
+        return run_after, deps
 
     def _check_ref(self, r: Any) -> None:
         if isinstance(r, JobRef):

@@ -30,6 +30,26 @@ async def plan_graph(
     """Lock and read the existing jobs the batch refers to (into ``existing``), reject
     cycles, set each fresh spec's state and pending counter, flag every upstream (into
     ``ups``) and return the fresh specs in insert levels (parents before children)."""
+    await _lock_existing(db, conn, fresh, existing)
+    _check_parents(fresh, existing)
+    await _check_cycles(db, conn, fresh)
+
+    # States and pending counters, parents and upstreams first.
+    order = _parent_first(fresh)
+    states = _States(existing)
+    for s in order:
+        states.place(s)
+
+    levels = _levels(order)
+    await _flag_upstreams(db, conn, fresh, existing, ups)
+    return levels
+
+
+async def _lock_existing(
+    db: Database, conn: AsyncConnection, fresh: Sequence[_Spec], existing: dict[int, Any]
+) -> None:
+    """Lock and read (into ``existing``) the existing jobs the batch refers to; refuse an id
+    that names no job."""
     J = db.t.jobs
     # Existing jobs that are referenced: lock them (a finalize updates them too, and must
     # either see our edges or finish before we read its state) and read them.
@@ -48,6 +68,10 @@ async def plan_graph(
     missing = [i for i in ext_ids if i not in existing]
     if missing:
         raise UnknownJobError(f"unknown job id(s) in depends_on/parent: {missing[:10]}")
+
+
+def _check_parents(fresh: Sequence[_Spec], existing: dict[int, Any]) -> None:
+    """Refuse an existing parent that is a job, or a container that has already finished."""
     for s in fresh:
         if s.parent_node is not None and s.parent_node[0] == "e":
             p = existing[s.parent_node[1]]
@@ -58,61 +82,40 @@ async def plan_graph(
                     f"container {p.id} has already finished ({p.state}); it takes no new children"
                 )
 
-    await _check_cycles(db, conn, fresh)
 
-    # States and pending counters, parents and upstreams first.
-    order = _parent_first(fresh)
-    state: dict[Node, str] = {("e", i): r.state for i, r in existing.items()}
-    cause: dict[Node, int] = {("e", i): i for i, r in existing.items()
-                              if r.state in (S.FAILED, S.CANCELLED)}
-    # Jobs whose pending holds their container's credit (S.CREDIT), and their parent.
-    parent: dict[Node, Any] = {("e", i): ("e", r.parent_id) for i, r in existing.items()}
-    credited = {("e", i) for i, r in existing.items()
-                if r.state == S.WAITING and r.pending >= S.CREDIT}
-    # (group, weight) by node: a child given neither takes its container's
-    traits: dict[Node, tuple[str, int]] = {
-        ("e", i): (r.group_key, r.weight) for i, r in existing.items()}
-    for s in order:
+class _States:
+    """What plan_graph knows of every node while it sets the fresh specs' states (in parent
+    first order): each node's state, the failed or cancelled job that cancels it, its
+    container, which jobs hold their container's credit, and each node's group and weight."""
+
+    def __init__(self, existing: dict[int, Any]) -> None:
+        self.state: dict[Node, str] = {("e", i): r.state for i, r in existing.items()}
+        self.cause: dict[Node, int] = {("e", i): i for i, r in existing.items()
+                                       if r.state in (S.FAILED, S.CANCELLED)}
+        # Jobs whose pending holds their container's credit (S.CREDIT), and their parent.
+        self.parent: dict[Node, Any] = {
+            ("e", i): ("e", r.parent_id) for i, r in existing.items()}
+        self.credited = {("e", i) for i, r in existing.items()
+                         if r.state == S.WAITING and r.pending >= S.CREDIT}
+        # (group, weight) by node: a child given neither takes its container's
+        self.traits: dict[Node, tuple[str, int]] = {
+            ("e", i): (r.group_key, r.weight) for i, r in existing.items()}
+
+    def place(self, s: _Spec) -> None:
+        """Set ``s``'s group and weight (inherited), pending counter and state; its
+        upstreams and container have been placed already."""
         n = s.node
         if s.parent_node is not None and (s.group_from_parent or s.weight_from_parent):
-            group, weight = traits[s.parent_node]
+            group, weight = self.traits[s.parent_node]
             if s.group_from_parent:
                 s.group = group
             if s.weight_from_parent:
                 s.weight = weight
-        traits[n] = (s.group, s.weight)
-        pending = 0
-        failed_up = False
-        for dn in s.dep_nodes:
-            if state[dn] == S.DONE:
-                continue
-            if s.when != "done" and state[dn] in (S.FAILED, S.CANCELLED):
-                failed_up = True  # ended: what a run condition waits for (conditions.py)
-                continue
-            pending += 1
-            if dn in cause:
-                cause.setdefault(n, cause[dn])
-        if s.when == "failed" and not failed_up:
-            if not pending:
-                raise InvalidJobError(
-                    f"when='failed': every dependency of {s.type!r} is already done (or it has "
-                    "none), so it could never run")
-            pending += S.HOLD
-        pn = s.parent_node
-        if pn is not None:
-            parent[n] = pn
-            if pn in cause:
-                cause.setdefault(n, cause[pn])
-            # No credit for a job that waits on a sibling holding one: that sibling cannot
-            # run before the container is active, so neither can this job, and activating
-            # the container then rewrites only the credited rows.
-            if state[pn] != S.ACTIVE and not any(
-                    d in credited and parent.get(d) == pn for d in s.dep_nodes):
-                pending += S.CREDIT
-                credited.add(n)
+        self.traits[n] = (s.group, s.weight)
+        pending = self._upstream_pending(s) + self._container_credit(s)
         s.pending = pending
-        if n in cause:
-            s.state, s.cancelled_by = S.CANCELLED, cause[n]
+        if n in self.cause:
+            s.state, s.cancelled_by = S.CANCELLED, self.cause[n]
         elif pending:
             s.state = S.WAITING
         elif s.is_container:
@@ -121,16 +124,68 @@ async def plan_graph(
             s.state = S.EXTERNAL
         else:
             s.state = S.SCHEDULED if s.run_after is not None else S.READY
-        state[n] = s.state
+        self.state[n] = s.state
 
-    # Insert level by level (a child's parent_id must be known).
+    def _upstream_pending(self, s: _Spec) -> int:
+        """The part of ``s``'s pending counter its dependencies make (a run condition's
+        hold included); notes an upstream's cause as ``s``'s."""
+        n = s.node
+        pending = 0
+        failed_up = False
+        for dn in s.dep_nodes:
+            if self.state[dn] == S.DONE:
+                continue
+            if s.when != "done" and self.state[dn] in (S.FAILED, S.CANCELLED):
+                failed_up = True  # ended: what a run condition waits for (conditions.py)
+                continue
+            pending += 1
+            if dn in self.cause:
+                self.cause.setdefault(n, self.cause[dn])
+        if s.when == "failed" and not failed_up:
+            if not pending:
+                raise InvalidJobError(
+                    f"when='failed': every dependency of {s.type!r} is already done (or it has "
+                    "none), so it could never run")
+            pending += S.HOLD
+        return pending
+
+    def _container_credit(self, s: _Spec) -> int:
+        """The credit ``s`` holds for a container that is not active yet (0 or S.CREDIT);
+        notes its container's cause as ``s``'s."""
+        n = s.node
+        pn = s.parent_node
+        if pn is None:
+            return 0
+        self.parent[n] = pn
+        if pn in self.cause:
+            self.cause.setdefault(n, self.cause[pn])
+        # No credit for a job that waits on a sibling holding one: that sibling cannot
+        # run before the container is active, so neither can this job, and activating
+        # the container then rewrites only the credited rows.
+        if self.state[pn] != S.ACTIVE and not any(
+                d in self.credited and self.parent.get(d) == pn for d in s.dep_nodes):
+            self.credited.add(n)
+            return S.CREDIT
+        return 0
+
+
+def _levels(order: Sequence[_Spec]) -> list[list[_Spec]]:
+    """The specs (parent first order) in insert levels: a child's parent_id must be known."""
     levels: dict[int, list[_Spec]] = defaultdict(list)
     depth: dict[int, int] = {}
     for s in order:
         up = s.parent_node
         depth[s.ref._index] = depth[up[1]] + 1 if up is not None and up[0] == "n" else 0
         levels[depth[s.ref._index]].append(s)
+    return [levels[d] for d in sorted(levels)]
 
+
+async def _flag_upstreams(
+    db: Database, conn: AsyncConnection, fresh: Sequence[_Spec], existing: dict[int, Any],
+    ups: set[Node],
+) -> None:
+    """Note every upstream in ``ups`` and set has_dependents on the live existing ones."""
+    J = db.t.jobs
     # Flag every upstream (under the row locks taken above for existing ones): a finalize
     # that finds the flag unset knows no edge can be waiting on it (finalize.finish_fast).
     ups.update(d for s in fresh for d in s.dep_nodes)
@@ -138,7 +193,6 @@ async def plan_graph(
     for i in range(0, len(live_ups), CHUNK):
         await conn.execute(update(J).where(J.c.id.in_(live_ups[i : i + CHUNK]))
                            .values(has_dependents=True))
-    return [levels[d] for d in sorted(levels)]
 
 
 def _parent_first(specs: Sequence[_Spec]) -> list[_Spec]:

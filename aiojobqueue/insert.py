@@ -1,16 +1,17 @@
 """Bulk insert: a batch's jobs, edges and groups in one transaction (or, for plain jobs, one
 statement in autocommit where the dialect has one). How rows reach the table is the
 dialect's ``InsertPath``: one bulk statement per level where it has one, else SQLAlchemy's
-executemany INSERT."""
+executemany INSERT (the rows and statement shapes for both: jobrows.py)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, bindparam, insert, select
+from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
@@ -19,13 +20,13 @@ from . import schema as S
 from .batch import JobRef, Node, Ref, _Spec
 from .dag import plan_graph
 from .database import Database
-from .dialects.bulk import InsertPath, JobColumns
+from .dialects.bulk import InsertPath
 from .errors import InvalidJobError
 from .groups import GroupRows
+from .jobrows import job_columns, job_rows, row_shapes
 from .settle import Settler
 from .signals import Signals
 from .tags import insert_tags
-from .timeutil import db_now, utcnow_plus
 
 CHUNK = 1000
 BULK_ROWS = 10 * CHUNK  # rows per bulk INSERT statement (InsertPath.bulk)
@@ -100,16 +101,36 @@ class Inserter:
         self, conn: AsyncConnection, specs: Sequence[_Spec]
     ) -> tuple[list[int], bool]:
         """Insert ``specs`` on ``conn`` (inside a transaction). Returns (ids, any_ready)."""
-        J = self.db.t.jobs
-        own = {id(s.ref) for s in specs}
-
-        def is_new(r: Ref) -> bool:
-            return isinstance(r, JobRef) and id(r) in own
-
-        def ext_id(r: Ref) -> int:
-            return r.id if isinstance(r, JobRef) else int(r)
-
         # 1. uniqueness keys: a live job with the same key stands in for the new one.
+        dedup = await self._match_keys(conn, specs)
+        fresh = [s for s in specs if s.ref._index not in dedup]
+        if not fresh:
+            return [s.ref.id for s in specs], False
+        _set_nodes(specs, fresh, dedup)
+        # A batch without edges or parents (the common bulk load) has nothing to lock, cannot
+        # form a cycle and is one level: skip the graph work below.
+        graph: _Graph | None = None
+        if any(s.depends_on or s.parent is not None or s.when != "done" for s in fresh):
+            graph = _Graph({s.ref._index: s for s in fresh})
+            levels = await plan_graph(self.db, conn, fresh, graph.existing, graph.ups)
+        else:
+            for s in fresh:
+                s.state = (S.ACTIVE if s.is_container else S.EXTERNAL if s.is_external
+                           else S.SCHEDULED if s.run_after is not None else S.READY)
+            levels = [fresh]
+
+        any_ready = any(s.state == S.READY for s in fresh)
+        # the wake-up rides on the first INSERT where the dialect can (_insert_levels)
+        wake = await self._insert_levels(conn, levels, graph, any_ready)
+        await self._insert_related(conn, fresh, graph)
+        if wake:
+            await self.db.ops.notify(conn)
+        return [s.ref.id for s in specs], any_ready
+
+    async def _match_keys(self, conn: AsyncConnection, specs: Sequence[_Spec]) -> dict[int, int]:
+        """The specs whose key a live job holds: index -> that job's id (set as their ref's
+        id). A key twice in the batch is refused."""
+        J = self.db.t.jobs
         dedup: dict[int, int] = {}  # index -> existing id
         keyed = [s for s in specs if s.key is not None]
         if keyed:
@@ -130,74 +151,44 @@ class Inserter:
                     raise InvalidJobError(f"key {s.key!r} appears twice in one batch")
                 else:
                     seen.add(s.key)
-        fresh = [s for s in specs if s.ref._index not in dedup]
-        if not fresh:
-            return [s.ref.id for s in specs], False
+        return dedup
 
-        def node(r: Ref) -> Node:
-            """Graph node: ("n", index) for a fresh job, ("e", id) for an existing one."""
-            if is_new(r):
-                assert isinstance(r, JobRef)
-                if r._index in dedup:
-                    return ("e", dedup[r._index])
-                return ("n", r._index)
-            return ("e", ext_id(r))
-
-        def resolve(n: Node) -> int:
-            return by_index[n[1]].ref.id if n[0] == "n" else n[1]
-
-        # Each ref resolved once (the graph work below looks at every edge several times).
-        for s in fresh:
-            s.node = node(s.ref)
-            if s.depends_on:  # the same upstream listed twice is one edge
-                s.dep_nodes = list(dict.fromkeys(node(d) for d in s.depends_on))
-            s.parent_node = node(s.parent) if s.parent is not None else None
-        by_index = {s.ref._index: s for s in fresh}
-        existing: dict[int, Any] = {}
-        ups: set[tuple[str, int]] = set()
-        # A batch without edges or parents (the common bulk load) has nothing to lock, cannot
-        # form a cycle and is one level: skip the graph work below.
-        graph = any(s.depends_on or s.parent is not None or s.when != "done" for s in fresh)
-        if graph:
-            levels = await plan_graph(self.db, conn, fresh, existing, ups)
-        else:
-            for s in fresh:
-                s.state = (S.ACTIVE if s.is_container else S.EXTERNAL if s.is_external
-                           else S.SCHEDULED if s.run_after is not None else S.READY)
-            levels = [fresh]
-
-        any_ready = any(s.state == S.READY for s in fresh)
-        wake = any_ready  # the wake-up rides on the first INSERT where the dialect can (below)
+    async def _insert_levels(
+        self, conn: AsyncConnection, levels: list[list[_Spec]], graph: _Graph | None,
+        wake: bool,
+    ) -> bool:
+        """Insert the job rows level by level and set each ref's id. ``wake``: send the
+        wake-up with the first INSERT where the dialect can; returns whether it is still
+        to send."""
         # (a level of more than BULK_ROWS goes in slices: bounded statement and parameter size)
         levels = [lvl[i : i + BULK_ROWS] for lvl in levels for i in range(0, len(lvl), BULK_ROWS)]
         for level in levels:
             n = len(level)
-            if graph:
-                parents = [resolve(s.parent_node) if s.parent_node is not None else None
-                           for s in level]
-                flagged = [s.node in ups for s in level]
-                errors = [
-                    json.dumps({"type": "UpstreamFailed", "message": f"upstream {s.cancelled_by} "
-                                f"{existing[s.cancelled_by].state}"})
-                    if s.state == S.CANCELLED and s.cancelled_by else None
-                    for s in level
-                ]
+            if graph is not None:
+                parents, flagged, errors = graph.level_facts(level)
             else:
                 parents, flagged, errors = [None] * n, [False] * n, [None] * n
-            cols = _columns(level, parents, flagged, errors)
+            cols = job_columns(level, parents, flagged, errors)
             ids = await self.path.bulk(conn, cols, wake)
             if ids is not None:
                 wake = False  # sent by the bulk statement
             else:
-                ids = await self._insert_rows(conn, _rows(cols), wake)
+                ids = await self._insert_rows(conn, job_rows(cols), wake)
                 wake = wake and self.db.ops.notify_expr() is None
             for s, new_id in zip(level, ids, strict=True):
                 s.ref._id = new_id
+        return wake
+
+    async def _insert_related(
+        self, conn: AsyncConnection, fresh: Sequence[_Spec], graph: _Graph | None
+    ) -> None:
+        """What goes with the inserted jobs: external steps' deadlines, edges, tags, groups;
+        and containers that start with no children finished at once."""
         armed = [s.ref.id for s in fresh if s.state == S.EXTERNAL]
         if armed:  # their deadlines, from now (external.py)
             await external.arm(self.db, conn, armed)
-        if graph:
-            edges = [(s.ref.id, resolve(d)) for s in fresh for d in s.dep_nodes]
+        if graph is not None:
+            edges = [(s.ref.id, graph.resolve(d)) for s in fresh for d in s.dep_nodes]
             await self.db.ops.insert_edges(conn, [j for j, _ in edges], [u for _, u in edges])
         pairs = [(s.ref.id, t) for s in fresh for t in s.tags]
         if pairs:
@@ -210,9 +201,6 @@ class Inserter:
         if empty:
             # finished at once: release what waits on them (and roll up their parents) too
             await self.settler.settle(conn, await self.settler.rollup(conn, empty))
-        if wake:
-            await self.db.ops.notify(conn)
-        return [s.ref.id for s in specs], any_ready
 
     async def insert_alone(self, specs: Sequence[_Spec]) -> tuple[list[int], bool] | None:
         """Plain jobs (see _lone: no key, edge, parent or container, a known group)
@@ -226,7 +214,7 @@ class Inserter:
         for s in specs:
             s.state = S.SCHEDULED if s.run_after is not None else S.READY
         any_ready = any(s.state == S.READY for s in specs)
-        cols = _columns(specs, [None] * n, [False] * n, [None] * n)
+        cols = job_columns(specs, [None] * n, [False] * n, [None] * n)
         ids = await alone(self.db.engine, cols, any_ready)
         if ids is None:
             return None
@@ -245,7 +233,7 @@ class Inserter:
         for s in specs:
             s.state = S.SCHEDULED if s.run_after is not None else S.READY
         any_ready = any(s.state == S.READY for s in specs)
-        ids = alone(engine, _columns(specs, [None] * n, [False] * n, [None] * n), any_ready)
+        ids = alone(engine, job_columns(specs, [None] * n, [False] * n, [None] * n), any_ready)
         for s, new_id in zip(specs, ids, strict=True):
             s.ref._id = new_id
         return ids, any_ready
@@ -259,129 +247,58 @@ class Inserter:
         notify = self.db.ops.notify_expr() if wake else None
         extra = [notify] if notify is not None else []
         ids: dict[int, int] = {}
-        for idx, stmt, params in await _shapes(self.db, conn, rows):
+        for idx, stmt, params in await row_shapes(self.db, conn, rows):
             got = await self.path.rows(conn, self.db.t.jobs, stmt, params, extra)
             ids.update(zip(idx, got, strict=True))
             extra = []
         return [ids[i] for i in range(len(rows))]
 
 
-def _columns(
-    level: Sequence[_Spec], parents: list[int | None], flagged: list[bool],
-    errors: list[str | None],
-) -> JobColumns:
-    """One insert level as columns (see InsertPath.bulk): a list per field, not a
-    dict per row, so a bulk path can bind each as one array."""
-    delay: list[float | None] = []
-    run_at: list[datetime | None] = []
-    for s in level:
-        ra = s.run_after
-        if ra is None:
-            delay.append(0.0)
-            run_at.append(None)
-        elif isinstance(ra, timedelta):
-            delay.append(ra.total_seconds())
-            run_at.append(None)
-        else:
-            delay.append(None)
-            run_at.append(ra if ra.tzinfo else ra.replace(tzinfo=UTC))
-    return {
-        "type": [s.type for s in level],
-        "kind": [S.CONTAINER if s.is_container else S.EXTERNAL_KIND if s.is_external
-                 else S.WHEN_KINDS[s.when] for s in level],
-        "state": [s.state for s in level],
-        "args": [s.args for s in level],
-        "parent_id": parents,
-        "group_key": [s.group for s in level],
-        "weight": [s.weight for s in level],
-        "priority": [s.priority for s in level],
-        "pending": [s.pending for s in level],
-        "max_attempts": [s.max_attempts for s in level],
-        "timeout": [s.timeout for s in level],
-        "key": [s.key for s in level],
-        "cancelled_by": [s.cancelled_by for s in level],
-        "has_dependents": flagged,
-        "error": errors,
-        "delay": delay,
-        "run_at": run_at,
-        "dead": [s.state == S.CANCELLED for s in level],
-        "trace": [s.trace for s in level],  # NULL unless tracing.traced_insert set it
-    }
+def _set_nodes(specs: Sequence[_Spec], fresh: Sequence[_Spec], dedup: dict[int, int]) -> None:
+    """Resolve each fresh spec's refs once to graph nodes (the graph work looks at every edge
+    several times): ("n", index) for a fresh job, ("e", id) for an existing one (a job of
+    the batch whose key matched ``dedup``'s included)."""
+    own = {id(s.ref) for s in specs}
+
+    def node(r: Ref) -> Node:
+        if isinstance(r, JobRef) and id(r) in own:
+            if r._index in dedup:
+                return ("e", dedup[r._index])
+            return ("n", r._index)
+        return ("e", r.id if isinstance(r, JobRef) else int(r))
+
+    for s in fresh:
+        s.node = node(s.ref)
+        if s.depends_on:  # the same upstream listed twice is one edge
+            s.dep_nodes = list(dict.fromkeys(node(d) for d in s.depends_on))
+        s.parent_node = node(s.parent) if s.parent is not None else None
 
 
-def _rows(cols: JobColumns) -> list[dict[str, Any]]:
-    """Columns back to the per-row parameters of the generic executemany insert."""
-    out = []
-    for i in range(len(cols["type"])):
-        dead = cols["dead"][i]
-        out.append({
-            "type": cols["type"][i],
-            "kind": cols["kind"][i],
-            "state": cols["state"][i],
-            "args_json": cols["args"][i],
-            "parent_id": cols["parent_id"][i],
-            "group_key": cols["group_key"][i],
-            "weight": cols["weight"][i],
-            "priority": cols["priority"][i],
-            "pending": cols["pending"][i],
-            "run_after": cols["run_at"][i],
-            "_delay": cols["delay"][i],
-            "_dead": dead,
-            "attempts": 0,
-            "max_attempts": cols["max_attempts"][i],
-            "attempt_limit": cols["max_attempts"][i],
-            "timeout": cols["timeout"][i],
-            "key": cols["key"][i],
-            "live_key": None if dead else cols["key"][i],
-            "cancelled_by": cols["cancelled_by"][i],
-            "has_dependents": cols["has_dependents"][i],
-            "error_json": cols["error"][i],
-            "trace_json": cols["trace"][i],
-        })
-    return out
+@dataclass(slots=True)
+class _Graph:
+    """A batch with edges or parents, as plan_graph left it: the fresh specs by index, the
+    existing jobs it refers to (their rows), and every upstream."""
 
+    by_index: dict[int, _Spec]
+    existing: dict[int, Any] = field(default_factory=dict)
+    ups: set[Node] = field(default_factory=set)
 
-def _insert_stmt(db: Database, **values: Any) -> Any:
-    """INSERT into jobs with args/error bound as the JSON text encoded at add() (no second
-    encoding by the JSON type)."""
-    as_json = db.ops.json_param
-    return insert(db.t.jobs).values(
-        args=as_json("args_json"), error=as_json("error_json"), trace=as_json("trace_json"),
-        **values
-    )
+    def resolve(self, n: Node) -> int:
+        """A node's job id (a fresh one's once its level is inserted)."""
+        return self.by_index[n[1]].ref.id if n[0] == "n" else n[1]
 
-
-def _with_times(row: dict[str, Any], now: Any) -> dict[str, Any]:
-    """A row's created/run_after/finished times: SQL on the database clock (``now`` is
-    db_now()) or, given a fetched ``now`` datetime, plain values."""
-    r = dict(row)
-    delay, dead = r.pop("_delay"), r.pop("_dead")
-    if isinstance(now, datetime):
-        if delay is not None:
-            r["run_after"] = now + timedelta(seconds=delay)
-    elif delay is not None:
-        r["run_after"] = utcnow_plus(delay)
-    r["created_at"] = now
-    r["finished_at"] = now if dead else None
-    return r
-
-
-async def _shapes(
-    db: Database, conn: AsyncConnection, rows: list[dict[str, Any]]
-) -> list[tuple[list[int], Any, list[dict[str, Any]]]]:
-    """Split rows into statement shapes: (row indexes, INSERT, executemany params). The
-    common rows take their times from the database clock inside the INSERT; the rare ones
-    (absolute run_after, born cancelled) a clock read once."""
-    common = [i for i, r in enumerate(rows) if r["_delay"] is not None and not r["_dead"]]
-    rare = [i for i, r in enumerate(rows) if r["_delay"] is None or r["_dead"]]
-    out: list[tuple[list[int], Any, list[dict[str, Any]]]] = []
-    if common:
-        stmt = db.stmt("insert_common", lambda: _insert_stmt(
-            db, created_at=db_now(), finished_at=None, run_after=utcnow_plus(bindparam("_delay"))
-        ))
-        out.append((common, stmt, [{k: v for k, v in rows[i].items()
-                                    if k not in ("_dead", "run_after")} for i in common]))
-    if rare:
-        now = (await conn.execute(select(db_now()))).scalar_one()
-        out.append((rare, _insert_stmt(db), [_with_times(rows[i], now) for i in rare]))
-    return out
+    def level_facts(
+        self, level: Sequence[_Spec]
+    ) -> tuple[list[int | None], list[bool], list[str | None]]:
+        """A level's parent ids, has_dependents flags and errors (a job born cancelled names
+        the upstream that cancels it)."""
+        parents = [self.resolve(s.parent_node) if s.parent_node is not None else None
+                   for s in level]
+        flagged = [s.node in self.ups for s in level]
+        errors = [
+            json.dumps({"type": "UpstreamFailed", "message": f"upstream {s.cancelled_by} "
+                        f"{self.existing[s.cancelled_by].state}"})
+            if s.state == S.CANCELLED and s.cancelled_by else None
+            for s in level
+        ]
+        return parents, flagged, errors

@@ -251,23 +251,8 @@ class BellWatch(Listener):
                 slept = not warm
             first = False
             self.polling = loop.time() < self._trust_at
-            if mark is KILLED:  # a ringer's, after its commit: wake the worker now, ...
-                self.kills += 1
-                self._misses = 0
-                on_wake("")
-                # ... and let go of the baton in the statement that reads the bell, so that
-                # the next waiter takes it (and looks) one round trip sooner
-                row: Any = KILLED
-                while row is KILLED:
-                    row = await self._run(conn, self._release, whole=True)
-                self.holding = self.cold = False
-                if int(row[0]) != self._last:
-                    self._last = int(row[0])
-                    self._rang_at = loop.time()
-                # the woken worker claims now: its statements go first, this watch's
-                # (taking the baton again, looking, sleeping) REST seconds after (a waiter
-                # has the baton already)
-                await asyncio.sleep(REST)
+            if mark is KILLED:  # a ringer's, after its commit: wake the worker now, let go
+                await self._let_go_killed(conn, on_wake)
                 return  # (a KILL that announced nothing: the baton is taken again)
             if int(mark) == self._last:
                 ran_out = slept
@@ -279,6 +264,26 @@ class BellWatch(Listener):
                 pass
             self.holding = self.cold = False
             return
+
+    async def _let_go_killed(self, conn: AsyncConnection, on_wake: WakeCallback) -> None:
+        """A ringer's KILL ended the holder's statement, after its commit: wake the worker,
+        let go of the baton (noting a new mark) and rest while the worker claims."""
+        self.kills += 1
+        self._misses = 0
+        on_wake("")
+        # Let go of the baton in the statement that reads the bell, so that the next
+        # waiter takes it (and looks) one round trip sooner
+        row: Any = KILLED
+        while row is KILLED:
+            row = await self._run(conn, self._release, whole=True)
+        self.holding = self.cold = False
+        if int(row[0]) != self._last:
+            self._last = int(row[0])
+            self._rang_at = asyncio.get_running_loop().time()
+        # the woken worker claims now: its statements go first, this watch's
+        # (taking the baton again, looking, sleeping) REST seconds after (a waiter
+        # has the baton already)
+        await asyncio.sleep(REST)
 
     def _missed(self) -> None:
         self.misses += 1

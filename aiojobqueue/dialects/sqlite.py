@@ -107,65 +107,87 @@ def _one_hop(dbapi_conn: Any) -> None:
     cls = type(dbapi_conn)
     fast = _FAST.get(cls)
     if fast is None:
-        try:
-            from sqlalchemy.connectors.asyncio import AsyncAdapt_dbapi_cursor
-            from sqlalchemy.util.concurrency import await_
-        except ImportError:  # pragma: no cover - another SQLAlchemy layout: keep its own
-            return
-        base = getattr(cls, "_cursor_cls", None)
-        if not (isinstance(base, type) and issubclass(base, AsyncAdapt_dbapi_cursor)
-                and hasattr(base, "_execute_async") and hasattr(dbapi_conn, "_execute_mutex")):
+        fast = _one_hop_kind(cls, dbapi_conn)
+        if fast is None:
             return  # pragma: no cover - another SQLAlchemy layout: keep its own
+        _FAST[cls] = fast
+        _FAST_KINDS.add(fast)
+    dbapi_conn.__class__ = fast
 
-        class _OneHopCursor(base):  # type: ignore[valid-type, misc]
-            __slots__ = ()
-            _awaitable_cursor_close = False
 
-            def _make_new_cursor(self, connection: Any) -> Any:
-                return _Ran()
+def _one_hop_kind(cls: type, dbapi_conn: Any) -> type | None:
+    """The one-hop subclass of SQLAlchemy's aiosqlite connection class ``cls`` (of which
+    ``dbapi_conn`` is one), or None where its adapter has another shape."""
+    try:
+        from sqlalchemy.connectors.asyncio import AsyncAdapt_dbapi_cursor
+        from sqlalchemy.util.concurrency import await_
+    except ImportError:  # pragma: no cover - another SQLAlchemy layout: keep its own
+        return None
+    base = getattr(cls, "_cursor_cls", None)
+    if not (isinstance(base, type) and issubclass(base, AsyncAdapt_dbapi_cursor)
+            and hasattr(base, "_execute_async") and hasattr(dbapi_conn, "_execute_mutex")):
+        return None  # pragma: no cover - another SQLAlchemy layout: keep its own
+    del await_
+    return _one_hop_connection(cls, _one_hop_cursor(base))
 
-            def _aenter_cursor(self, cursor: Any) -> Any:
-                return cursor
 
-            async def _execute_async(self, operation: Any, parameters: Any) -> Any:
-                return await self._go(False, operation, parameters)
+def _one_hop_cursor(base: type) -> type:
+    """A subclass of the adapter's cursor class ``base`` that runs a statement start to end
+    (_run) in one trip, sending the transaction's pending BEGIN with it."""
 
-            async def _executemany_async(self, operation: Any, seq: Any) -> Any:
-                return await self._go(True, operation, seq)
+    class _OneHopCursor(base):  # type: ignore[misc]
+        __slots__ = ()
+        _awaitable_cursor_close = False
 
-            async def _go(self, many: bool, operation: Any, parameters: Any) -> None:
-                aconn = self._connection
-                async with self._adapt_connection._execute_mutex:
-                    begin = aconn.__dict__.pop("_ajq_begin", None)
-                    # sent: until a commit or rollback, the connection may hold a transaction
-                    # (even if this await is cancelled: the thread still runs it)
-                    aconn._ajq_sent = True
-                    self._cursor, rows = await aconn._execute(  # type: ignore[misc]
-                        _run, aconn._conn, begin, many, operation, parameters)
-                    self._rows = collections.deque(rows)  # type: ignore[misc]
+        def _make_new_cursor(self, connection: Any) -> Any:
+            return _Ran()
 
-        class _OneHopConnection(cls):  # type: ignore[valid-type, misc]
-            __slots__ = ()
-            _cursor_cls = _OneHopCursor
+        def _aenter_cursor(self, cursor: Any) -> Any:
+            return cursor
 
-            def commit(self) -> None:
-                state = self._connection.__dict__
-                if state.pop("_ajq_begin", None) is None:  # (else no statement ran: done)
-                    super().commit()
-                    state["_ajq_sent"] = False
+        async def _execute_async(self, operation: Any, parameters: Any) -> Any:
+            return await self._go(False, operation, parameters)
 
-            def rollback(self) -> None:
-                state = self._connection.__dict__
-                state.pop("_ajq_begin", None)  # a BEGIN not sent yet is simply dropped
-                if not state.get("_ajq_sent", True):
-                    return  # nothing sent since the last commit/rollback: no trip
-                super().rollback()  # queued behind whatever the thread still runs
+        async def _executemany_async(self, operation: Any, seq: Any) -> Any:
+            return await self._go(True, operation, seq)
+
+        async def _go(self, many: bool, operation: Any, parameters: Any) -> None:
+            aconn = self._connection
+            async with self._adapt_connection._execute_mutex:
+                begin = aconn.__dict__.pop("_ajq_begin", None)
+                # sent: until a commit or rollback, the connection may hold a transaction
+                # (even if this await is cancelled: the thread still runs it)
+                aconn._ajq_sent = True
+                self._cursor, rows = await aconn._execute(  # type: ignore[misc]
+                    _run, aconn._conn, begin, many, operation, parameters)
+                self._rows = collections.deque(rows)  # type: ignore[misc]
+
+    return _OneHopCursor
+
+
+def _one_hop_connection(cls: type, cursor_cls: type) -> type:
+    """A subclass of the adapter's connection class ``cls`` with ``cursor_cls`` as its
+    cursors, whose commit and rollback make no trip when no statement was sent."""
+
+    class _OneHopConnection(cls):  # type: ignore[misc]
+        __slots__ = ()
+        _cursor_cls = cursor_cls
+
+        def commit(self) -> None:
+            state = self._connection.__dict__
+            if state.pop("_ajq_begin", None) is None:  # (else no statement ran: done)
+                super().commit()
                 state["_ajq_sent"] = False
 
-        fast = _FAST[cls] = _OneHopConnection
-        _FAST_KINDS.add(fast)
-        del await_
-    dbapi_conn.__class__ = fast
+        def rollback(self) -> None:
+            state = self._connection.__dict__
+            state.pop("_ajq_begin", None)  # a BEGIN not sent yet is simply dropped
+            if not state.get("_ajq_sent", True):
+                return  # nothing sent since the last commit/rollback: no trip
+            super().rollback()  # queued behind whatever the thread still runs
+            state["_ajq_sent"] = False
+
+    return _OneHopConnection
 
 
 _FAST: dict[type, type] = {}
