@@ -13,9 +13,8 @@ from . import conditions
 from . import schema as S
 from .database import Database
 from .errors import InvalidStateError, JobNotFoundError
-from .release import CHUNK
 from .settle import Settler, cancel_error
-from .sql import lit
+from .sql import chunks, lit
 from .timeutil import db_now
 
 
@@ -129,8 +128,7 @@ class Actions:
         0 until _recount)."""
         J = self.J
         # recompute pending from scratch for each revived job
-        for i in range(0, len(ids), CHUNK):
-            part = ids[i : i + CHUNK]
+        for part in chunks(ids):
             await conn.execute(
                 update(J).where(J.c.id.in_(part)).values(
                     state=S.WAITING, error=None, finished_at=None, cancelled_by=None,
@@ -150,8 +148,7 @@ class Actions:
         up = J.alias("up")
         pending: dict[int, int] = defaultdict(int)
         cond: dict[int, int] = {}  # jobs with a run condition count their own way
-        for i in range(0, len(ids), CHUNK):
-            part = ids[i : i + CHUNK]
+        for part in chunks(ids):
             cond.update(await conditions.count(self.db, conn, part))
             rows = await conn.execute(
                 select(D.c.job_id, func.count()).join(up, up.c.id == D.c.depends_on_id)
@@ -184,11 +181,11 @@ class Actions:
         # again (its dependents follow) instead of leaving it waiting for ever.
         dead = J.alias("dead")
         stuck: dict[int, tuple[int, str]] = {}
-        for i in range(0, len(ids), CHUNK):
+        for part in chunks(ids):
             rows = await conn.execute(
                 select(D.c.job_id, dead.c.id, dead.c.state)
                 .join(dead, dead.c.id == D.c.depends_on_id)
-                .where(D.c.job_id.in_(ids[i : i + CHUNK]),
+                .where(D.c.job_id.in_(part),
                        dead.c.state.in_([S.FAILED, S.CANCELLED]))
                 .order_by(D.c.job_id, dead.c.id)
             )

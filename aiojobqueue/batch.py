@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from . import schema as S
+from .dialects.columns import NAME_LEN
 from .errors import InvalidJobError, JobNotFoundError, NotJSONError
 from .handlers import Handler
 from .tags import check_tags
@@ -265,8 +266,9 @@ class Batch:
         if isinstance(type, Handler):
             handler: HandlerSpec | None = type.spec
             type = type.type
-        elif not isinstance(type, str) or not type or len(type) > 200:
-            raise InvalidJobError(f"job type must be a non-empty string of <= 200 chars: {type!r}")
+        elif not isinstance(type, str) or not type or len(type) > NAME_LEN:
+            raise InvalidJobError(
+                f"job type must be a non-empty string of <= {NAME_LEN} chars: {type!r}")
         else:
             handler = self._handlers.get(type)
         if not isinstance(args, dict):
@@ -288,8 +290,9 @@ class Batch:
         """Group, weight, timeout and max_attempts with their defaults (the queue's, the
         handler's) filled in, checked in this order with the priority (not when ``plain``)."""
         group = self._settings.default_group if group is None else group
-        if not isinstance(group, str) or not group or len(group) > 200:
-            raise InvalidJobError(f"group must be a non-empty string of <= 200 chars: {group!r}")
+        if not isinstance(group, str) or not group or len(group) > NAME_LEN:
+            raise InvalidJobError(
+                f"group must be a non-empty string of <= {NAME_LEN} chars: {group!r}")
         if weight is None:
             weight = 1
         elif not _is_int(weight) or not 1 <= weight <= MAX_INT:

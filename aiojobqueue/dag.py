@@ -16,8 +16,7 @@ from . import schema as S
 from .batch import Node, UnknownJobError, _Spec
 from .database import Database
 from .errors import ContainerClosedError, DependencyCycleError, InvalidJobError
-
-CHUNK = 1000
+from .sql import chunks
 
 
 async def plan_graph(
@@ -57,11 +56,11 @@ async def _lock_existing(
         {k for s in fresh for kind, k in [*s.dep_nodes, *([s.parent_node] if s.parent_node
                                                            else [])] if kind == "e"}
     )
-    for i in range(0, len(ext_ids), CHUNK):
+    for part in chunks(ext_ids):
         stmt = db.ops.for_update(
             select(J.c.id, J.c.kind, J.c.state, J.c.parent_id, J.c.pending, J.c.group_key,
                    J.c.weight)
-            .where(J.c.id.in_(ext_ids[i : i + CHUNK]))
+            .where(J.c.id.in_(part))
             .order_by(J.c.id)
         )
         existing.update({row.id: row for row in (await conn.execute(stmt)).all()})
@@ -190,8 +189,8 @@ async def _flag_upstreams(
     # that finds the flag unset knows no edge can be waiting on it (finalize.finish_fast).
     ups.update(d for s in fresh for d in s.dep_nodes)
     live_ups = sorted(k for kind, k in ups if kind == "e" and existing[k].state not in S.TERMINAL)
-    for i in range(0, len(live_ups), CHUNK):
-        await conn.execute(update(J).where(J.c.id.in_(live_ups[i : i + CHUNK]))
+    for part in chunks(live_ups):
+        await conn.execute(update(J).where(J.c.id.in_(part))
                            .values(has_dependents=True))
 
 
@@ -266,8 +265,7 @@ async def _load_existing_graph(
         batch = sorted(frontier - seen)
         seen |= set(batch)
         nxt: set[int] = set()
-        for i in range(0, len(batch), CHUNK):
-            part = batch[i : i + CHUNK]
+        for part in chunks(batch):
             rows = (await conn.execute(
                 select(J.c.id, J.c.parent_id).where(J.c.id.in_(part), J.c.state.in_(live))
             )).all()

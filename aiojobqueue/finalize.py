@@ -23,10 +23,10 @@ from . import schema as S
 from .attempts import round_attempt
 from .database import Database
 from .policy import backoff
-from .release import CHUNK, IdsMatch
+from .release import IdsMatch
 from .settings import Settings
 from .settle import Settler, cancel_error
-from .sql import lit
+from .sql import chunks, lit
 from .timeutil import db_now
 
 if TYPE_CHECKING:
@@ -158,8 +158,8 @@ class Finalizer:
         for (a, owner), group in _by_attempt(outcomes):
             assert all(o.result is None for o in group)
             ids = [o.job_id for o in group]
-            for i in range(0, len(ids), CHUNK):
-                rows = await conn.execute(stmt, {"ids": ids[i : i + CHUNK], "a": a, "o": owner})
+            for part in chunks(ids):
+                rows = await conn.execute(stmt, {"ids": part, "a": a, "o": owner})
                 out += [(r, a) for r in rows]
         return out
 
@@ -176,8 +176,7 @@ class Finalizer:
         lock matches the row as committed, as finish_fast's does.)"""
         db = self.db
         for (a, owner), group in _by_attempt(outcomes):
-            for i in range(0, len(group), CHUNK):
-                part = group[i : i + CHUNK]
+            for part in chunks(group):
                 params: dict[str, Any] = {"ids": [o.job_id for o in part], "a": a, "o": owner}
                 rich = [o for o in part if o.result is not None]
                 for k, o in enumerate(rich):
@@ -210,8 +209,7 @@ class Finalizer:
         assert stmt is not None
         calls: list[tuple[int, dict[str, Any]]] = []
         for (a, owner), group in _by_attempt(outcomes):
-            for i in range(0, len(group), CHUNK):
-                part = group[i : i + CHUNK]
+            for part in chunks(group):
                 results = [o.result for o in part]
                 calls.append((a, {"ids": [o.job_id for o in part], "a": a, "o": owner,
                                   "r": json.dumps(results) if any(r is not None for r in results)

@@ -13,8 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as S
 from .database import Database
-from .release import CHUNK
-from .sql import lit
+from .sql import chunks, lit
 from .timeutil import utcnow_plus
 
 #: the lease an ended attempt gives up
@@ -44,8 +43,8 @@ async def lock_leased(db: Database, conn: AsyncConnection, ids: list[int]) -> li
             .order_by(J.c.id)
         )
     rows: list[Any] = []
-    for i in range(0, len(ids), CHUNK):
-        rows += (await conn.execute(lock, {"ids": ids[i : i + CHUNK]})).all()
+    for part in chunks(ids):
+        rows += (await conn.execute(lock, {"ids": part})).all()
     return rows
 
 
@@ -114,8 +113,8 @@ async def end_done(db: Database, conn: AsyncConnection, done_rows: list[dict[str
         # waiting on one) PostgreSQL's generic plan probes it by a sequential scan per
         # row; settle()'s one id-array look-up stays on the index.
         stmts["finish.done"] = upd
-    for i in range(0, len(plain), CHUNK):
-        await conn.execute(upd, {"ids": plain[i : i + CHUNK]})
+    for part in chunks(plain):
+        await conn.execute(upd, {"ids": part})
     if rich:
         await conn.execute(
             update(J).where(J.c.id == bindparam("i")).values(

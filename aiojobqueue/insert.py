@@ -26,10 +26,11 @@ from .groups import GroupRows
 from .jobrows import job_columns, job_rows, row_shapes
 from .settle import Settler
 from .signals import Signals
+from .sql import CHUNK, chunks
 from .tags import insert_tags
 
-CHUNK = 1000
-BULK_ROWS = 10 * CHUNK  # rows per bulk INSERT statement (InsertPath.bulk)
+#: rows per bulk INSERT statement (InsertPath.bulk): ten id lists' worth
+BULK_ROWS = 10 * CHUNK
 
 
 class Inserter:
@@ -136,9 +137,9 @@ class Inserter:
         if keyed:
             keys = sorted({s.key for s in keyed if s.key is not None})
             found: dict[str, int] = {}
-            for i in range(0, len(keys), CHUNK):
+            for part in chunks(keys):
                 rows = await conn.execute(
-                    select(J.c.live_key, J.c.id).where(J.c.live_key.in_(keys[i : i + CHUNK]))
+                    select(J.c.live_key, J.c.id).where(J.c.live_key.in_(part))
                 )
                 found.update({r.live_key: r.id for r in rows})
             seen: set[str] = set()

@@ -14,7 +14,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as S
 from .database import Database
-from .sql import CHUNK as CHUNK  # settle, finalize and actions import it from here
 from .sql import chunks, lit
 from .timeutil import db_now, utcnow_plus
 

@@ -19,8 +19,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from . import conditions
 from . import schema as S
 from .database import Database
-from .release import CHUNK, WritePath, release_locked
-from .sql import lit
+from .release import WritePath, release_locked
+from .sql import chunks, lit
 from .timeutil import db_now
 
 
@@ -79,9 +79,9 @@ class Settler:
     async def _parents_of(self, conn: AsyncConnection, ids: Sequence[int]) -> list[int]:
         J = self.J
         out: set[int] = set()
-        for i in range(0, len(ids), CHUNK):
+        for part in chunks(ids):
             rows = await conn.execute(
-                select(J.c.parent_id).where(self.db.ops.in_ids(J.c.id, ids[i : i + CHUNK]),
+                select(J.c.parent_id).where(self.db.ops.in_ids(J.c.id, part),
                                             J.c.parent_id.is_not(None)).distinct()
             )
             out.update(r[0] for r in rows)
@@ -168,8 +168,7 @@ class Settler:
         J, D = self.J, self.D
         ids = sorted(frontier)
         hits: dict[int, int] = {}
-        for i in range(0, len(ids), CHUNK):
-            part = ids[i : i + CHUNK]
+        for part in chunks(ids):
             rows = await conn.execute(
                 select(D.c.job_id, D.c.depends_on_id, J.c.kind).join(J, J.c.id == D.c.job_id)
                 .where(D.c.depends_on_id.in_(part), J.c.state.in_(S.LIVE))
@@ -201,8 +200,7 @@ class Settler:
         for c, jids in by_cause.items():
             jids.sort()
             err = cancel_error(c, cause_state[c])
-            for i in range(0, len(jids), CHUNK):
-                part = jids[i : i + CHUNK]
+            for part in chunks(jids):
                 await conn.execute(
                     update(J).where(J.c.id.in_(part),
                                    J.c.state.in_([lit(x) for x in S.LEASED_STATES]))
@@ -243,8 +241,8 @@ class Settler:
             .where(self.db.ops.in_ids_param(J.c.id, "ids")).order_by(J.c.id)))
         ids = sorted(set(containers))
         open_: list[Any] = []
-        for i in range(0, len(ids), CHUNK):
-            rows = await conn.execute(lock, {"ids": ids[i : i + CHUNK]})
+        for part in chunks(ids):
+            rows = await conn.execute(lock, {"ids": part})
             open_ += [r for r in rows if r.state not in S.TERMINAL]
         # Read after the locks are held: a child finished by a transaction that held the lock
         # before us is seen. One statement per container: while a child is live (the common
