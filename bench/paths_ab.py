@@ -61,6 +61,14 @@ PATHS = {
         "        return (bool(batch) and not fin.settler.path.returns_rows",
         "        return False and (bool(batch) and not fin.settler.path.returns_rows",
         (("cap_ab.py", "--dbs", "mariadb", "--caps", "10,50", "--only", "cap"),)),
+    "handover": Path(
+        "under a counted cap, a round's claim takes over the slots its own finalize freed "
+        "without the gate (slots.py, Slots._handover; the held jobs it leases ahead too) "
+        "against the claim under the gate",
+        "aiojobqueue/slots.py",
+        "                or self.c.single_group is None or self.handover_stale(now, quick)):",
+        "                or True):",
+        (("cap_ab.py", "--dbs", "postgresql,sqlite,mariadb", "--caps", "10,50"),)),
     "split": Path(
         "PostgreSQL: the split release of a wide fan-out (fanout.SPLIT) against releasing "
         "every dependent in the finalize's call",
