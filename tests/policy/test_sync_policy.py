@@ -79,15 +79,20 @@ async def test_a_pause_from_sync_code_holds_a_running_worker(
     async def run(ctx: JobContext) -> None:
         return None
 
+    # SyncQueue's calls block their thread until done: from another thread, as sync code
+    # calls them, never from this event loop's (the worker serving on it could be inside a
+    # SQLite write transaction that only this loop can finish: the sync write would wait
+    # for it until SQLite's busy timeout, "database is locked")
     async with q, serving(q):
-        sq.pause(group="held")
+        await asyncio.to_thread(sq.pause, group="held")
         # the promise under test: a worker sees a change within poll_interval (0.05 s here)
         await asyncio.sleep(4 * 0.05)
         held = await q.enqueue("t", group="held")
         free = await q.enqueue("t", group="free")
         await q.wait(free, timeout=15)
         assert (await q.get(held)).state == "ready"
+        why = await asyncio.to_thread(sq.explain, held)
         assert {"scope": "group", "name": "held"} in [
-            r.data for r in sq.explain(held).reasons if r.code == "paused"]
-        sq.resume(group="held")
+            r.data for r in why.reasons if r.code == "paused"]
+        await asyncio.to_thread(sq.resume, group="held")
         await q.wait(held, timeout=15)
